@@ -1,0 +1,10 @@
+"""vLLM glue: the ``volta_nvfp4`` quantization config and its linear methods. Imported only when vLLM is."""
+
+from __future__ import annotations
+
+
+def register_with_vllm() -> None:
+    from vllm_volta_fp4.plugin.compat import register_quantization_config
+    from vllm_volta_fp4.plugin.config import NAME, VoltaNvfp4Config
+
+    register_quantization_config(NAME)(VoltaNvfp4Config)

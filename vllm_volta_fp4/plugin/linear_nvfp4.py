@@ -1,0 +1,75 @@
+"""NVFP4 weights, fp16 activations (W4A16). W4A4 checkpoints run the same way; their input scales are ignored.
+
+Weights stay packed (4 bits + one E4M3 scale per 16) in memory. ``apply`` calls the CUDA kernel when the extension
+is built and the layer is on a GPU, otherwise the reference, which dequantizes transiently per call."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_volta_fp4.checkpoint import LayerScheme, QuantFormat
+from vllm_volta_fp4.nvfp4 import BLOCK_SIZE, nvfp4_linear_reference
+from vllm_volta_fp4.plugin.compat import (
+    LinearMethodBase,
+    ModelWeightParameter,
+    PerTensorScaleParameter,
+    register_weight_loader_v2_supported_method,
+)
+from vllm_volta_fp4.plugin.linear_common import (
+    checked_scales,
+    cuda_kernels_for,
+    expand_to_rows,
+    install,
+    installed,
+    unloaded_sentinel,
+)
+
+
+@register_weight_loader_v2_supported_method
+class NvFp4LinearMethod(LinearMethodBase):
+    def __init__(self, quant_format: QuantFormat, scheme: LayerScheme, prefix: str):
+        self.quant_format = quant_format
+        self.scheme = scheme
+        self.prefix = prefix
+        self.names = quant_format.tensor_names(scheme)
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
+                       params_dtype, **extra_weight_attrs):
+        if input_size_per_partition % BLOCK_SIZE:
+            raise ValueError(
+                f"volta_nvfp4: layer '{self.prefix}' has {input_size_per_partition} input features per tensor-parallel "
+                f"rank (of {input_size}); NVFP4 needs a multiple of {BLOCK_SIZE}. Use a tensor-parallel size that "
+                "divides the input dimension into 16-element blocks")
+        loader = extra_weight_attrs["weight_loader"]
+        rows, shards = sum(output_partition_sizes), len(output_partition_sizes)
+        layer.volta_partition_sizes = list(output_partition_sizes)
+        layer.register_parameter(self.names["packed"], ModelWeightParameter(
+            data=torch.empty(rows, input_size_per_partition // 2, dtype=torch.uint8),
+            input_dim=1, output_dim=0, weight_loader=loader))
+        layer.register_parameter(self.names["block_scale"], ModelWeightParameter(
+            data=torch.empty(rows, input_size_per_partition // BLOCK_SIZE, dtype=torch.float8_e4m3fn),
+            input_dim=1, output_dim=0, weight_loader=loader))
+        layer.register_parameter(self.names["global_scale"], PerTensorScaleParameter(
+            data=unloaded_sentinel((shards,)), weight_loader=loader))
+        if self.scheme.quantized_activations:  # loaded so the checkpoint loads cleanly, then dropped
+            layer.register_parameter(self.names["input_scale"], PerTensorScaleParameter(
+                data=unloaded_sentinel((shards,)), weight_loader=loader))
+
+    def process_weights_after_loading(self, layer) -> None:
+        stored = getattr(layer, self.names["global_scale"]).data
+        decode = 1.0 / stored if self.quant_format.global_scale_is_inverse else stored
+        decode = checked_scales(decode, self.prefix, f"global scale '{self.names['global_scale']}'")
+        global_scale = expand_to_rows(decode, layer.volta_partition_sizes)
+        packed = getattr(layer, self.names["packed"]).data
+        block_scale = getattr(layer, self.names["block_scale"]).data
+        kernels = cuda_kernels_for(packed)
+        tensors = (kernels.prepare_nvfp4(packed, block_scale, global_scale) if kernels is not None else
+                   {"packed": packed, "block_scale": block_scale, "global_scale": global_scale})
+        install(layer, tensors, drop=list(self.names.values()))
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        tensors = installed(layer)
+        kernels = cuda_kernels_for(x)
+        if kernels is not None:
+            return kernels.nvfp4_linear(x, tensors, bias)
+        return nvfp4_linear_reference(x, tensors["packed"], tensors["block_scale"], tensors["global_scale"], bias)

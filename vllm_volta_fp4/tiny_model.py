@@ -1,0 +1,205 @@
+"""Tiny random Hugging Face models written as NVFP4 checkpoints, made locally (no hub is reachable in tests).
+
+``make_tiny_checkpoint(dest, arch="llama", fmt="modelopt-nvfp4")`` writes config.json, a locally trained BPE
+tokenizer and sharded safetensors exactly as the named producer lays them out. Widths are multiples of 16 but not
+powers of two (hidden 320, intermediate 864) so kernels and loaders meet realistic odd shapes. q, k and v (and gate
+and up) are quantized separately, so each shard of a fused layer has its own global scale, as in real checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vllm_volta_fp4.nvfp4 import quantize_fp8, quantize_nvfp4
+
+FORMATS = ("modelopt-nvfp4", "modelopt-w4a16", "modelopt-mixed", "ct-w4a16", "ct-w4a4")
+ARCHS = ("llama", "qwen3")
+
+
+@dataclass(frozen=True)
+class TinyArch:
+    architecture: str
+    model_type: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    qk_norm: bool
+
+
+_ARCHS = {
+    # 8 query / 2 KV heads: tensor parallel 2, 4 and 8 all divide the heads (KV heads are replicated past 2).
+    # Llama's 864 splits into 16-element blocks at TP 2 only (a TP-4 split is the "clear error" case); Qwen3's 640
+    # splits at TP 2, 4 and 8.
+    "llama": TinyArch("LlamaForCausalLM", "llama", 320, 864, 8, 2, 64, 2, False),
+    "qwen3": TinyArch("Qwen3ForCausalLM", "qwen3", 256, 640, 8, 2, 64, 2, True),
+}
+
+_CORPUS = [
+    "hello world", "the quick brown fox jumps over the lazy dog", "the capital of france is paris",
+    "my name is volta and i run on old gpus", "one two three four five six seven eight nine ten",
+    "a v100 has thirty two gigabytes of memory", "what is the kv cache", "nvfp4 packs two values per byte",
+]
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|endoftext|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_tokenizer(dest: Path, vocab_size: int = 384) -> int:
+    """Train a byte-level BPE tokenizer on a small fixed corpus; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<unk>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 20, trainer)
+    tokenizer.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|endoftext|>",
+        "unk_token": "<unk>", "pad_token": "<|pad|>", "model_max_length": 4096, "chat_template": _CHAT_TEMPLATE,
+    }, indent=1))
+    return tokenizer.get_vocab_size()
+
+
+def _hf_config(arch: TinyArch, vocab: int) -> dict:
+    config = {
+        "architectures": [arch.architecture], "model_type": arch.model_type, "hidden_size": arch.hidden,
+        "intermediate_size": arch.intermediate, "num_attention_heads": arch.heads,
+        "num_key_value_heads": arch.kv_heads, "head_dim": arch.head_dim, "num_hidden_layers": arch.layers,
+        "vocab_size": vocab, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 0,
+        "torch_dtype": "float16",
+    }
+    if arch.model_type == "qwen3":
+        config.update(attention_bias=False, attention_dropout=0.0)
+    return config
+
+
+def random_weights(arch: TinyArch, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """float32 weights with a spread large enough that greedy decoding is not a string of near-ties."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * std
+
+    h, i = arch.hidden, arch.intermediate
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    weights = {"model.embed_tokens.weight": normal(vocab, h, std=1.0), "model.norm.weight": torch.ones(h),
+               "lm_head.weight": normal(vocab, h, std=h**-0.5)}
+    for layer in range(arch.layers):
+        p = f"model.layers.{layer}"
+        # Each projection gets its own magnitude, so fused shards really have different global scales.
+        for name, (rows, cols), std in [("self_attn.q_proj", (q, h), 1.0), ("self_attn.k_proj", (kv, h), 0.5),
+                                        ("self_attn.v_proj", (kv, h), 2.0), ("self_attn.o_proj", (h, q), 1.0),
+                                        ("mlp.gate_proj", (i, h), 1.5), ("mlp.up_proj", (i, h), 0.7),
+                                        ("mlp.down_proj", (h, i), 1.0)]:
+            weights[f"{p}.{name}.weight"] = normal(rows, cols, std=std * cols**-0.5)
+        weights[f"{p}.input_layernorm.weight"] = 1 + normal(h, std=0.1)
+        weights[f"{p}.post_attention_layernorm.weight"] = 1 + normal(h, std=0.1)
+        if arch.qk_norm:
+            weights[f"{p}.self_attn.q_norm.weight"] = 1 + normal(arch.head_dim, std=0.1)
+            weights[f"{p}.self_attn.k_norm.weight"] = 1 + normal(arch.head_dim, std=0.1)
+    return weights
+
+
+def _is_quantized_linear(name: str) -> bool:
+    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+
+
+def _quantize_tensors(weights: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        module = name.removesuffix(".weight")
+        if not _is_quantized_linear(name):
+            out[name] = tensor.to(torch.float16)
+            continue
+        if fmt == "modelopt-mixed" and ".self_attn." in name:
+            fp8_weight, scale = quantize_fp8(tensor)
+            out.update({f"{module}.weight": fp8_weight, f"{module}.weight_scale": scale.reshape(()),
+                        f"{module}.input_scale": torch.tensor(0.05)})
+            continue
+        quantized = quantize_nvfp4(tensor)
+        activation_scale = torch.tensor(0.02)  # what a W4A4 calibration writes; this plugin ignores it
+        if fmt.startswith("modelopt"):
+            out.update({f"{module}.weight": quantized.packed, f"{module}.weight_scale": quantized.block_scale,
+                        f"{module}.weight_scale_2": quantized.global_scale.reshape(())})
+            if fmt in ("modelopt-nvfp4", "modelopt-mixed"):
+                out[f"{module}.input_scale"] = activation_scale
+        else:
+            out.update({f"{module}.weight_packed": quantized.packed, f"{module}.weight_scale": quantized.block_scale,
+                        f"{module}.weight_global_scale": (1.0 / quantized.global_scale).reshape(1)})
+            if fmt == "ct-w4a4":
+                out[f"{module}.input_global_scale"] = (1.0 / activation_scale).reshape(1)
+    return out
+
+
+def _quant_config(fmt: str, weights: dict[str, torch.Tensor]) -> tuple[str, dict]:
+    """(file it belongs in, config). ModelOpt NVFP4 uses the legacy hf_quant_config.json; newer ModelOpt exports
+    (used here for W4A16 and mixed) and compressed-tensors put the config in config.json."""
+    if fmt == "modelopt-nvfp4":
+        return "hf_quant_config.json", {"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": {
+            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": ["lm_head"]}}
+    if fmt.startswith("modelopt"):
+        config = {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4" if fmt == "modelopt-w4a16" else
+                  "MIXED_PRECISION", "group_size": 16, "ignore": ["lm_head"], "producer": {"name": "modelopt",
+                  "version": "0.39.0"}}
+        if fmt == "modelopt-mixed":
+            config["quantized_layers"] = {
+                name.removesuffix(".weight"): ({"quant_algo": "FP8"} if ".self_attn." in name
+                                               else {"quant_algo": "NVFP4", "group_size": 16})
+                for name in weights if _is_quantized_linear(name)}
+        return "config.json", config
+    fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
+           "dynamic": False}
+    group = {"targets": ["Linear"], "weights": fp4,
+             "input_activations": {**fp4, "dynamic": "local"} if fmt == "ct-w4a4" else None}
+    return "config.json", {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+                           "quantization_status": "compressed", "config_groups": {"group_0": group},
+                           "ignore": ["lm_head"]}
+
+
+def save_sharded(tensors: dict[str, torch.Tensor], dest: Path, shards: int = 2) -> None:
+    """Write ``tensors`` as ``shards`` safetensors files plus model.safetensors.index.json."""
+    names = list(tensors)
+    per_shard = -(-len(names) // shards)
+    weight_map = {}
+    for index in range(shards):
+        file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = names[index * per_shard:(index + 1) * per_shard]
+        save_file({name: tensors[name].contiguous() for name in chunk}, str(dest / file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in chunk})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (dest / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+
+
+def make_tiny_checkpoint(dest: str | Path, arch: str = "llama", fmt: str = "modelopt-nvfp4", seed: int = 0) -> Path:
+    """Write a tiny random model of ``arch`` as an NVFP4 checkpoint in producer format ``fmt``."""
+    if arch not in _ARCHS or fmt not in FORMATS:
+        raise ValueError(f"arch must be one of {ARCHS} and fmt one of {FORMATS}")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(dest)
+    weights = random_weights(_ARCHS[arch], vocab, seed)
+    config = _hf_config(_ARCHS[arch], vocab)
+    config_file, quant_config = _quant_config(fmt, weights)
+    if config_file == "config.json":
+        config["quantization_config"] = quant_config
+    else:
+        (dest / config_file).write_text(json.dumps(quant_config, indent=1))
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    (dest / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 0}))
+    save_sharded(_quantize_tensors(weights, fmt), dest)
+    return dest
