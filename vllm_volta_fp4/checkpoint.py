@@ -282,8 +282,6 @@ def _read_json(path: Path) -> dict:
 
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32")
-_DTYPES = {"U8": torch.uint8, "F8_E4M3": torch.float8_e4m3fn, "F32": torch.float32, "F16": torch.float16,
-           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32}
 
 
 @dataclass(frozen=True)
@@ -517,7 +515,4 @@ def _read_safetensors_header(path: Path) -> dict:
         if end > data_size:
             raise CheckpointError(f"the file is truncated: the tensor needs bytes up to {end} of a {data_size}-byte "
                                   "data section", file=path, tensor=name, fix="download the file again")
-        if entry["dtype"] not in _DTYPES:
-            raise CheckpointError(f"unsupported dtype {entry['dtype']}", file=path, tensor=name,
-                                  fix="this checkpoint uses a tensor type volta_nvfp4 does not read")
     return header
