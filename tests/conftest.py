@@ -27,3 +27,20 @@ def fresh_checkpoint(tmp_path):
         return make_tiny_checkpoint(tmp_path / f"{arch}-{fmt}", arch, fmt)
 
     return make
+
+
+@pytest.fixture
+def simulated_tp(monkeypatch):
+    """Make vLLM's linear layers and parameters believe they are rank ``rank`` of ``size``."""
+    pytest.importorskip("vllm")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor import parameter
+    from vllm.model_executor.layers import linear
+
+    def set_rank(rank: int, size: int) -> None:
+        for module in (linear, parameter):
+            monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: rank)
+            monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: size)
+
+    with set_current_vllm_config(VllmConfig()):
+        yield set_rank

@@ -88,23 +88,6 @@ def test_unasked_nvfp4_is_claimed_only_below_turing(monkeypatch, tiny_checkpoint
     assert config.VoltaNvfp4Config.override_quantization_method(nvfp4, "modelopt_fp4") is None
 
 
-@pytest.fixture
-def simulated_tp(monkeypatch):
-    """Make vLLM's linear layers and parameters believe they are rank ``rank`` of ``size``."""
-    pytest.importorskip("vllm")
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor import parameter
-    from vllm.model_executor.layers import linear
-
-    def set_rank(rank: int, size: int) -> None:
-        for module in (linear, parameter):
-            monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: rank)
-            monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: size)
-
-    with set_current_vllm_config(VllmConfig()):
-        yield set_rank
-
-
 def _quant_config(checkpoint_dir):
     import vllm_volta_fp4
     from vllm_volta_fp4.checkpoint import read_quant_config
