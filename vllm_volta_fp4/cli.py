@@ -10,7 +10,7 @@ import sys
 from vllm_volta_fp4 import __version__
 from vllm_volta_fp4.checkpoint import CheckpointError
 
-COMMANDS = ("demo", "inspect", "convert")
+COMMANDS = ("demo", "inspect", "convert", "doctor", "plan", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

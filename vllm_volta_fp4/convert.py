@@ -27,9 +27,10 @@ _COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
 class Progress:
     """A one-line progress display on stderr (no dependency; quiet when stderr is not a terminal)."""
 
-    def __init__(self, total: int, label: str, stream=sys.stderr):
-        self.total, self.label, self.done, self.stream = total, label, 0, stream
-        self.interactive = stream.isatty()
+    def __init__(self, total: int, label: str, stream=None):
+        self.total, self.label, self.done = total, label, 0
+        self.stream = stream or sys.stderr  # looked up now, so a stderr redirected after import is honoured
+        self.interactive = self.stream.isatty()
 
     def advance(self, note: str = "") -> None:
         self.done += 1
