@@ -1,0 +1,431 @@
+// Weight-only-quantized GEMM for Volta and newer: y[M,N] = x[M,K] · W[N,K]ᵀ · row_scale[n] + bias[n].
+// Kernel code only (no torch or host headers): included by weight_gemm.cu and by tools/sm70_check.py (NVRTC).
+//
+// ─── Weight layout ("tiles"), produced once at load by prepare_* in weight_gemm.cu ─────────────────────────
+// W is padded with zeros to Np = N rounded up to kTileN (64) rows and Kp = K rounded up to kTileK (128)
+// columns and cut into tiles of 64 rows × 128 columns. Tile (nt, kt) is one contiguous chunk at byte offset
+// (nt · Kp/128 + kt) · Format::kChunkBytes, so a block that walks K for one row strip reads one contiguous stream.
+// Inside a chunk the bytes are ordered the way the 128 threads of a block load them: thread t owns tile row
+// r = t % 64 and the 64 columns starting at h·64 with h = t / 64, and its j-th 16-byte load is vector
+// j·128 + t. Every load instruction of a warp therefore reads 512 contiguous bytes.
+//   NVFP4 (4608 bytes): vectors 0..255 hold codes: vector (j, h, r) = row r, columns h·64 + j·32 … +31, as
+//     four 32-bit words of 8 codes each, whose nibbles are reordered to [e0 e2 e4 e6 e1 e3 e5 e7] (nibble 0 =
+//     bits 0..3) so that one shift puts an (even, odd) pair into the two fp16 halves of a register.
+//     Bytes 4096..4607: the E4M3 block scales, 4 bytes per thread at 4096 + 4·t: row r, blocks h·4 … h·4+3.
+//   FP8 E4M3 (8192 bytes): vector (j, h, r), j = 0..3, = row r, columns h·64 + j·16 … +15, bytes in order.
+// row_scale[N] (float32, unpadded) carries the per-output-row decode scale times the power of two that the
+// in-register conversion leaves out (see each Format); bias[N] is fp16.
+//
+// ─── Pipeline (one kernel template for both formats and both MMA atoms) ──────────────────────────────────
+// Block = 4 warps, output tile BM × 64 (BM = 16, 32, 64 by M), K walked in 128-column stages. Volta has no
+// asynchronous copy, so global → shared goes through registers: a ring of Format::kStagesInFlight stages of packed
+// weights (2 at BM = 64, where registers are short) is loaded ahead, each stage is dequantized on its way from
+// registers into shared memory, stored there as fp16 in one of two buffers
+// (rows padded to 136 halves so fragment loads are bank-conflict free), and the MMA atom reads its fragments
+// from there. One barrier per stage: the double buffer lets the next stage be written while a slower warp
+// still reads the previous one. Warp w computes output columns w·16 … w·16+15 for all BM rows.
+// Split-K (small M): blocks of the same output tile write fp32 partials; the last one to arrive (counted with
+// a per-layer semaphore that it resets to zero) sums them in split order (deterministic) and runs the
+// epilogue. Epilogue: acc · row_scale[n] + bias[n], rounded once to fp16.
+#pragma once
+
+// fp16 values travel as raw bits (uint16_t, or uint32_t holding a pair: low half = lower column) and the
+// arithmetic is inline PTX, so the kernels need neither cuda_fp16.h nor a C library: NVRTC compiles this file alone.
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+#else
+#include <stdint.h>
+#endif
+
+namespace volta_fp4 {
+
+constexpr int kTileN = 64;
+constexpr int kTileK = 128;
+constexpr int kThreads = 128;
+constexpr int kWarpN = 16;               // output columns per warp
+constexpr int kSmemRowHalves = kTileK + 8;  // +16 bytes: rows start in different banks
+constexpr int kMaxSplitMTiles = 8;       // split-K semaphores per row strip (see prepare_*)
+
+// Dynamic shared memory of weight_gemm_kernel<…, BM>: two buffers of BM x rows and 64 w rows.
+__host__ __device__ constexpr int fused_smem_bytes(int bm) { return 2 * (bm + kTileN) * kSmemRowHalves * 2; }
+constexpr int kVoltaMaxSmemPerBlock = 96 * 1024;
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t out;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+__device__ __forceinline__ uint32_t broadcast_low(uint32_t pair) { return __byte_perm(pair, 0, 0x1010); }
+__device__ __forceinline__ uint32_t broadcast_high(uint32_t pair) { return __byte_perm(pair, 0, 0x3232); }
+__device__ __forceinline__ float2 half2_to_float2(uint32_t pair) {
+  float2 out;
+  asm("{.reg .f16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.f32.f16 %0, lo;\n cvt.f32.f16 %1, hi;}"
+      : "=f"(out.x), "=f"(out.y) : "r"(pair));
+  return out;
+}
+__device__ __forceinline__ uint32_t float2_to_half2_rn(float lo_value, float hi_value) {
+  uint32_t out;
+  asm("{.reg .f16 lo, hi;\n cvt.rn.f16.f32 lo, %1;\n cvt.rn.f16.f32 hi, %2;\n mov.b32 %0, {lo, hi};}"
+      : "=r"(out) : "f"(lo_value), "f"(hi_value));
+  return out;
+}
+constexpr uint32_t kHalf2TwoPow15 = 0x78007800u;  // (2^15, 2^15)
+
+// E4M3 bytes b0 (bits 0..7) and b1 (bits 16..23) → two fp16 equal to value · 2^-8 (exact: same exponent
+// field width offset by the bias difference 15 - 7, subnormals included).
+__device__ __forceinline__ uint32_t e4m3_pair_to_half2_bits(uint32_t x) {
+  return ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
+}
+
+// ─── Weight formats ───────────────────────────────────────────────────────────────────────────────────────
+// Each thread dequantizes its 64 columns of one tile row into 32 fp16 pairs (columns in order).
+struct Nvfp4Format {
+  static constexpr int kChunkBytes = 4608;
+  static constexpr int kVectors = 2;
+  static constexpr int kStagesInFlight = 4;
+  // E2M1 bits placed in the fp16 exponent/mantissa give value · 2^-14; block scales are converted to
+  // scale · 2^7 (≤ 57344, exact), so the product is value · scale · 2^-7 and row_scale carries 2^7.
+  static constexpr float kRowScaleFactor = 128.0f;
+  struct Stage {
+    uint4 codes[kVectors];
+    uint32_t scales;
+  };
+  __device__ __forceinline__ static void load(Stage& s, const uint8_t* chunk, int tid) {
+    const uint4* vectors = reinterpret_cast<const uint4*>(chunk);
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) s.codes[j] = __ldg(vectors + j * kThreads + tid);
+    s.scales = __ldg(reinterpret_cast<const uint32_t*>(chunk + 4096) + tid);
+  }
+  __device__ __forceinline__ static void dequantize(const Stage& s, uint32_t out[32]) {
+    const uint32_t s01 = hmul2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4140)), kHalf2TwoPow15);
+    const uint32_t s23 = hmul2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4342)), kHalf2TwoPow15);
+    const uint32_t block_scale[4] = {broadcast_low(s01), broadcast_high(s01), broadcast_low(s23), broadcast_high(s23)};
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes);
+#pragma unroll
+    for (int w = 0; w < 4 * kVectors; ++w) {  // word w: columns 8w … 8w+7, block w / 2
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t x = words[w] >> (4 * p);  // codes of columns 8w+2p (bits 0..3) and 8w+2p+1 (16..19)
+        const uint32_t bits = ((x << 9) & 0x0E000E00u) | ((x << 12) & 0x80008000u);
+        out[4 * w + p] = hmul2(bits, block_scale[w / 2]);
+      }
+    }
+  }
+};
+
+struct Fp8Format {
+  static constexpr int kChunkBytes = 8192;
+  static constexpr int kVectors = 4;
+  static constexpr int kStagesInFlight = 2;
+  static constexpr float kRowScaleFactor = 256.0f;  // e4m3_pair_to_half2_bits leaves out 2^8
+  struct Stage {
+    uint4 codes[kVectors];
+  };
+  __device__ __forceinline__ static void load(Stage& s, const uint8_t* chunk, int tid) {
+    const uint4* vectors = reinterpret_cast<const uint4*>(chunk);
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) s.codes[j] = __ldg(vectors + j * kThreads + tid);
+  }
+  __device__ __forceinline__ static void dequantize(const Stage& s, uint32_t out[32]) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes);
+#pragma unroll
+    for (int w = 0; w < 4 * kVectors; ++w) {
+      out[2 * w] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4140));
+      out[2 * w + 1] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4342));
+    }
+  }
+};
+
+// ─── MMA atoms ────────────────────────────────────────────────────────────────────────────────────────────
+// A warp's output is BM × 16 (rows × columns of its strip). Each atom says how one k-step reads its fragments
+// from shared memory (x tile [BM][136], w tile [64][136], both k-contiguous) and where accumulator element
+// `i` of this lane lives; elements come in pairs (i even, i+1) of adjacent columns.
+
+// Volta HMMA: mma.sync.aligned.m8n8k4 runs four independent 8×8×4 products, one per quad-pair
+// (lanes q·4…q·4+3 and q·4+16…q·4+19). Quad-pair q takes rows (q & 1)·8 and columns (q >> 1)·8, so one
+// instruction is a 16×16×4 product. Within a quad-pair, lane row/column = lane % 4 + 4·(lane ≥ 16).
+struct Sm70Mma {
+  static constexpr int kK = 4;
+  template <int BM>
+  struct Frags {
+    uint2 a[BM / 16];
+    uint2 b;
+  };
+  template <int BM>
+  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
+                                              int lane) {
+    const int quad_pair = (lane >> 2) & 3, in_pair = (lane & 3) + ((lane >> 4) << 2);
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt)
+      f.a[mt] = *reinterpret_cast<const uint2*>(sx + (mt * 16 + (quad_pair & 1) * 8 + in_pair) * kSmemRowHalves + k);
+    f.b = *reinterpret_cast<const uint2*>(sw_strip + ((quad_pair >> 1) * 8 + in_pair) * kSmemRowHalves + k);
+  }
+  template <int BM>
+  __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt) {
+      float* c = acc + mt * 8;
+#if defined(__CUDA_ARCH__)
+      asm(
+          "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, {%10,%11}, "
+          "{%0,%1,%2,%3,%4,%5,%6,%7};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
+          : "r"(f.a[mt].x), "r"(f.a[mt].y), "r"(f.b.x), "r"(f.b.y));
+#endif
+    }
+  }
+  // f32 accumulator of m8n8k4 (PTX ISA): row = (lane & 1) + (i & 2) + 4·(lane ≥ 16),
+  // column = (i & 4) + (lane & 2) + (i & 1), inside the quad-pair's 8×8 block.
+  __device__ __forceinline__ static void acc_coord(int lane, int i, int& row, int& col) {
+    const int quad_pair = (lane >> 2) & 3, e = i & 7;
+    row = (i >> 3) * 16 + (quad_pair & 1) * 8 + (lane & 1) + (e & 2) + ((lane >> 4) << 2);
+    col = (quad_pair >> 1) * 8 + (e & 4) + (lane & 2) + (e & 1);
+  }
+};
+
+// Ampere+ mma.sync.aligned.m16n8k16; two per k-step cover the warp's 16 columns. Fragments come from
+// ldmatrix.x4 (four 8×8 matrices per instruction; lane l gives the address of row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row_address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // the host never selects the SM80 atom below compute capability 8.0
+#endif
+}
+
+struct Sm80Mma {
+  static constexpr int kK = 16;
+  template <int BM>
+  struct Frags {
+    uint32_t a[BM / 16][4];  // m16n8k16 A: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (8-15, 8-15)
+    uint32_t b[4];           // B of columns 0-7: (k 0-7), (k 8-15); then columns 8-15 likewise
+  };
+  template <int BM>
+  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
+                                              int lane) {
+    const int matrix = lane >> 3, row = lane & 7;
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt)
+      ldmatrix_x4(f.a[mt], sx + (mt * 16 + (matrix & 1) * 8 + row) * kSmemRowHalves + k + (matrix >> 1) * 8);
+    ldmatrix_x4(f.b, sw_strip + ((matrix >> 1) * 8 + row) * kSmemRowHalves + k + (matrix & 1) * 8);
+  }
+  template <int BM>
+  __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float* c = acc + mt * 8 + nt * 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(f.a[mt][0]), "r"(f.a[mt][1]), "r"(f.a[mt][2]), "r"(f.a[mt][3]), "r"(f.b[2 * nt]),
+              "r"(f.b[2 * nt + 1]));
+#elif defined(__CUDA_ARCH__)
+        __trap();  // the host never selects this atom below compute capability 8.0
+#endif
+      }
+    }
+  }
+  __device__ __forceinline__ static void acc_coord(int lane, int i, int& row, int& col) {
+    const int e = i & 3;
+    row = (i >> 3) * 16 + (lane >> 2) + (e >> 1) * 8;
+    col = ((i >> 2) & 1) * 8 + (lane & 3) * 2 + (e & 1);
+  }
+};
+
+struct GemmParams {
+  const uint16_t* x;  // [M, K], row stride ldx (elements), 16-byte aligned rows
+  int64_t ldx;
+  const uint8_t* weight_tiles;
+  const float* row_scale;  // [N]
+  const uint16_t* bias;      // [N] or null
+  uint16_t* y;               // [M, N] contiguous
+  float* partials;         // [splits, M, Np] when splits > 1
+  int* counters;           // [Np/64 · kMaxSplitMTiles], zero between calls
+  int M, N, K;
+  int k_tiles;             // Kp / 128
+  int k_tiles_per_split;
+  int splits;
+};
+
+__device__ __forceinline__ void store_pair(const GemmParams& p, int m, int n, float v0, float v1) {
+  if (m >= p.M || n >= p.N) return;  // N is a multiple of 16, so n < N implies n + 1 < N
+  const float2 scale = *reinterpret_cast<const float2*>(p.row_scale + n);
+  float2 out = make_float2(v0 * scale.x, v1 * scale.y);
+  if (p.bias) {
+    const float2 b = half2_to_float2(*reinterpret_cast<const uint32_t*>(p.bias + n));
+    out.x += b.x;
+    out.y += b.y;
+  }
+  *reinterpret_cast<uint32_t*>(p.y + int64_t(m) * p.N + n) = float2_to_half2_rn(out.x, out.y);
+}
+
+template <class Mma, class Format, int BM>
+__global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* smem = reinterpret_cast<uint16_t*>(smem_raw);
+  constexpr int kBufHalves = (BM + kTileN) * kSmemRowHalves;  // x rows, then w rows
+  constexpr int kXVectors = BM * (kTileK / 8) / kThreads;     // 16-byte x loads per thread per stage
+  // At BM = 64 the x prefetch and accumulators need the registers; that tile is compute-heavier anyway.
+  constexpr int kRing = BM >= 64 ? 2 : Format::kStagesInFlight;
+  static_assert(kXVectors >= 1 && BM % 16 == 0 && kRing % 2 == 0, "tile configuration");
+  static_assert(fused_smem_bytes(BM) <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n_tile = blockIdx.x, m0 = blockIdx.y * BM, split = blockIdx.z;
+  const int kt_begin = split * p.k_tiles_per_split;
+  const int kt_count = min(p.k_tiles_per_split, p.k_tiles - kt_begin);
+  const uint8_t* strip = p.weight_tiles + int64_t(n_tile) * p.k_tiles * Format::kChunkBytes;
+
+  typename Format::Stage ring[kRing];
+  uint4 x_stage[kXVectors];
+  auto load_x = [&](int kt) {
+#pragma unroll
+    for (int v = 0; v < kXVectors; ++v) {
+      const int q = v * kThreads + tid, row = q >> 4, k = kt * kTileK + (q & 15) * 8;
+      x_stage[v] = (m0 + row < p.M && k < p.K)
+                       ? *reinterpret_cast<const uint4*>(p.x + int64_t(m0 + row) * p.ldx + k)
+                       : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // Stage i of this block is k-tile kt_begin + i.
+#pragma unroll
+  for (int s = 0; s < kRing; ++s)
+    if (s < kt_count) Format::load(ring[s], strip + int64_t(kt_begin + s) * Format::kChunkBytes, tid);
+  if (kt_count > 0) load_x(kt_begin);
+
+  float acc[BM / 2];
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
+
+  const int w_row = tid % kTileN, w_col = (tid / kTileN) * 64;
+  for (int i0 = 0; i0 < kt_count; i0 += kRing) {
+#pragma unroll
+    for (int s = 0; s < kRing; ++s) {
+      const int i = i0 + s;
+      if (i >= kt_count) break;
+      uint16_t* sx = smem + (s & 1) * kBufHalves;
+      uint16_t* sw = sx + BM * kSmemRowHalves;
+#pragma unroll
+      for (int v = 0; v < kXVectors; ++v) {
+        const int q = v * kThreads + tid;
+        *reinterpret_cast<uint4*>(sx + (q >> 4) * kSmemRowHalves + (q & 15) * 8) = x_stage[v];
+      }
+      {
+        uint32_t w[32];
+        Format::dequantize(ring[s], w);
+        uint4* dst = reinterpret_cast<uint4*>(sw + w_row * kSmemRowHalves + w_col);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) dst[c] = *reinterpret_cast<const uint4*>(&w[4 * c]);
+      }
+      if (i + kRing < kt_count)
+        Format::load(ring[s], strip + int64_t(kt_begin + i + kRing) * Format::kChunkBytes, tid);
+      if (i + 1 < kt_count) load_x(kt_begin + i + 1);
+      __syncthreads();
+      const uint16_t* sw_strip = sw + warp * kWarpN * kSmemRowHalves;
+#pragma unroll
+      for (int k = 0; k < kTileK; k += Mma::kK) {
+        typename Mma::template Frags<BM> f;
+        Mma::template load<BM>(f, sx, sw_strip, k, lane);
+        Mma::template mma<BM>(acc, f);
+      }
+    }
+  }
+
+  const int n_base = n_tile * kTileN + warp * kWarpN;
+  if (p.splits == 1) {
+#pragma unroll
+    for (int i = 0; i < BM / 2; i += 2) {
+      int row, col;
+      Mma::acc_coord(lane, i, row, col);
+      store_pair(p, m0 + row, n_base + col, acc[i], acc[i + 1]);
+    }
+    return;
+  }
+
+  // Split-K: publish this split's partial tile, then the last block of the tile reduces all of them.
+  const int np = gridDim.x * kTileN;
+  auto partial = [&](int s, int m, int n) { return p.partials + (int64_t(s) * p.M + m) * np + n; };
+#pragma unroll
+  for (int i = 0; i < BM / 2; i += 2) {
+    int row, col;
+    Mma::acc_coord(lane, i, row, col);
+    if (m0 + row < p.M) *reinterpret_cast<float2*>(partial(split, m0 + row, n_base + col)) = make_float2(acc[i], acc[i + 1]);
+  }
+  __shared__ int arrived_last;
+  __threadfence();
+  __syncthreads();
+  int* counter = p.counters + n_tile * kMaxSplitMTiles + blockIdx.y;
+  if (tid == 0) {
+    const int arrived = atomicAdd(counter, 1);
+    arrived_last = arrived == p.splits - 1;
+    if (arrived_last) *counter = 0;  // leave the semaphore at zero for the next launch
+  }
+  __syncthreads();
+  if (!arrived_last) return;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < BM / 2; i += 2) {
+    int row, col;
+    Mma::acc_coord(lane, i, row, col);
+    if (m0 + row >= p.M) continue;
+    float2 sum = make_float2(0.f, 0.f);
+    for (int s = 0; s < p.splits; ++s) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(partial(s, m0 + row, n_base + col)));
+      sum.x += v.x;
+      sum.y += v.y;
+    }
+    store_pair(p, m0 + row, n_base + col, sum.x, sum.y);
+  }
+}
+
+// Tiles → fp16 W rows [row_begin, row_begin + rows) × K, row_scale applied in fp32 and rounded once.
+// Grid: (rows / 64, Kp / 128); the dequantize + cuBLAS path for large M. Each thread dequantizes its part of the
+// tile row it loaded; the tile goes through shared memory so that the global stores run along rows (a warp
+// writes two full 256-byte row segments per instruction instead of 32 scattered 16-byte pieces).
+template <class Format>
+__global__ void __launch_bounds__(kThreads) dequantize_tiles_kernel(const uint8_t* weight_tiles, const float* row_scale,
+                                                                    uint16_t* w, int row_begin, int N, int K,
+                                                                    int k_tiles) {
+  __shared__ __align__(16) uint16_t tile[kTileN * kSmemRowHalves];
+  const int tid = threadIdx.x, n_tile = row_begin / kTileN + blockIdx.x, kt = blockIdx.y;
+  typename Format::Stage stage;
+  Format::load(stage, weight_tiles + (int64_t(n_tile) * k_tiles + kt) * Format::kChunkBytes, tid);
+  const int row = tid % kTileN, n = n_tile * kTileN + row;
+  const float scale = n < N ? row_scale[n] : 0.f;
+  uint32_t v[32];
+  Format::dequantize(stage, v);
+  uint4* dst = reinterpret_cast<uint4*>(tile + row * kSmemRowHalves + (tid / kTileN) * 64);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    uint4 out;
+    uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = half2_to_float2(v[4 * c + e]);
+      o[e] = float2_to_half2_rn(f.x * scale, f.y * scale);
+    }
+    dst[c] = out;
+  }
+  __syncthreads();
+  constexpr int kVectorsPerRow = kTileK / 8;
+#pragma unroll
+  for (int pass = 0; pass < kTileN * kVectorsPerRow / kThreads; ++pass) {
+    const int q = pass * kThreads + tid, r = q / kVectorsPerRow, k = kt * kTileK + (q % kVectorsPerRow) * 8;
+    const int out_n = n_tile * kTileN + r;
+    if (out_n < N && k < K)  // K is a multiple of 16, so a vector of 8 is wholly inside or outside
+      *reinterpret_cast<uint4*>(w + int64_t(out_n - row_begin) * K + k) =
+          *reinterpret_cast<const uint4*>(tile + r * kSmemRowHalves + (q % kVectorsPerRow) * 8);
+  }
+}
+
+}  // namespace volta_fp4

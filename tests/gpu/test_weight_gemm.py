@@ -1,0 +1,165 @@
+"""The CUDA GEMMs against the float64 reference: both MMA atoms, both paths, NVFP4 and FP8 weights.
+
+Every case draws fresh random data, poisons the output memory with NaN first (the op allocates its output from
+the caching allocator, which hands back the freed poisoned block) and checks that every element was written,
+that nothing is NaN, and ‖y − ref‖ / ‖ref‖ against a float64 reference. Runs only with CUDA and the built
+extension (the device machine); skipped elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_volta_fp4 import kernels
+from vllm_volta_fp4.nvfp4 import dequantize_fp8, dequantize_nvfp4, quantize_fp8, quantize_nvfp4
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not kernels.is_available(), reason="needs CUDA and the built vllm_volta_fp4._C"),
+]
+
+# fp16 output rounding (2^-11 relative) dominates; fp32 accumulation is far below it.
+REL_TOL = 2e-3
+M_VALUES = [1, 2, 3, 8, 16, 17, 64, 255, 2048]
+# (N, K): Qwen3.8-27B shapes (o_proj, down_proj) and odd multiples of 16 (not multiples of the 64 × 128 tile).
+SHAPES = [(5120, 6144), (5120, 17408), (208, 400), (1040, 5136)]
+ATOMS = [70, 80]
+
+
+def _device_atoms() -> list[int]:
+    return ATOMS if torch.cuda.get_device_capability()[0] >= 8 else [70]
+
+
+def merged_nvfp4(n: int, k: int, device: torch.device, generator: torch.Generator):
+    """A q/k/v-like merged weight: shards quantized separately, so each keeps its own global scale."""
+    cuts = sorted({0, n, *(16 * int(c) for c in torch.randint(1, n // 16, (2,), generator=generator))})
+    shards = []
+    for begin, end in zip(cuts, cuts[1:]):
+        magnitude = 10.0 ** float(torch.empty(1).uniform_(-3, 1, generator=generator))  # different scales per shard
+        w = torch.randn(end - begin, k, generator=generator) * magnitude
+        shards.append(quantize_nvfp4(w.to(device)))
+    packed = torch.cat([s.packed for s in shards])
+    block_scale = torch.cat([s.block_scale for s in shards])
+    global_scale = torch.cat([s.global_scale.reshape(1).expand(s.packed.shape[0]) for s in shards])
+    return packed, block_scale, global_scale
+
+
+def poison_output_memory(m: int, n: int, device: torch.device) -> None:
+    torch.empty(m * n, dtype=torch.float16, device=device).fill_(float("nan"))
+
+
+def check_against_reference(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    ref = x.double() @ w.double().T
+    if bias is not None:
+        ref += bias.double()
+    assert y.dtype == torch.float16 and y.shape == ref.shape
+    assert torch.isfinite(y).all(), f"{(~torch.isfinite(y)).sum().item()} output elements unwritten or NaN"
+    error = ((y.double() - ref).norm() / ref.norm()).item()
+    assert error < REL_TOL, f"relative error {error:.2e}"
+
+
+@pytest.fixture(scope="module")
+def device() -> torch.device:
+    return torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def nvfp4_weights(device):
+    """One merged weight per shape for the module (quantizing 17408-wide weights is the slow part)."""
+    generator = torch.Generator().manual_seed(1234)
+    return {shape: merged_nvfp4(*shape, device, generator) for shape in SHAPES}
+
+
+def run_case(prepared_weight, op, m, n, k, w_ref, bias_on, mma, path, device):
+    x = torch.randn(m, k, device=device).to(torch.float16)
+    bias = torch.randn(n, device=device).to(torch.float16) if bias_on else None
+    poison_output_memory(m, n, device)
+    y = op(x, prepared_weight, bias, mma=mma, path=path)
+    check_against_reference(y, x, w_ref, bias)
+    assert not prepared_weight["split_k_counters"].any(), "split-K semaphores not left at zero"
+    return x, bias, y
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}xK{s[1]}")
+@pytest.mark.parametrize("m", M_VALUES)
+@pytest.mark.parametrize("bias_on", [False, True], ids=["nobias", "bias"])
+def test_nvfp4_fused_both_atoms(nvfp4_weights, shape, m, bias_on, device):
+    n, k = shape
+    packed, block_scale, global_scale = nvfp4_weights[shape]
+    prepared = kernels.prepare_nvfp4(packed, block_scale, global_scale)
+    w = dequantize_nvfp4(packed, block_scale, global_scale)
+    for mma in _device_atoms():
+        x, bias, y = run_case(prepared, kernels.nvfp4_linear, m, n, k, w, bias_on, mma, kernels.PATH_FUSED, device)
+        again = kernels.nvfp4_linear(x, prepared, bias, mma=mma, path=kernels.PATH_FUSED)
+        assert torch.equal(y, again), f"mma={mma}: two runs on the same input differ (race?)"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}xK{s[1]}")
+@pytest.mark.parametrize("m", [1, 17, 255, 2048])
+@pytest.mark.parametrize("path", [kernels.PATH_DEQUANT_CUBLAS, kernels.PATH_AUTO], ids=["dequant_cublas", "auto"])
+def test_nvfp4_other_paths(nvfp4_weights, shape, m, path, device):
+    n, k = shape
+    packed, block_scale, global_scale = nvfp4_weights[shape]
+    prepared = kernels.prepare_nvfp4(packed, block_scale, global_scale)
+    run_case(prepared, kernels.nvfp4_linear, m, n, k, dequantize_nvfp4(packed, block_scale, global_scale), True,
+             None, path, device)
+
+
+@pytest.mark.parametrize("shape", [(5120, 6144), (208, 400), (1040, 5136)], ids=lambda s: f"N{s[0]}xK{s[1]}")
+@pytest.mark.parametrize("m", M_VALUES)
+@pytest.mark.parametrize("path", [kernels.PATH_FUSED, kernels.PATH_DEQUANT_CUBLAS], ids=["fused", "dequant_cublas"])
+def test_fp8(shape, m, path, device):
+    n, k = shape
+    weight, scale = quantize_fp8(torch.randn(n, k, device=device) * 0.05, per_channel=True)
+    prepared = kernels.prepare_fp8(weight, scale)
+    w = dequantize_fp8(weight, scale)
+    for mma in _device_atoms() if path == kernels.PATH_FUSED else [None]:
+        run_case(prepared, kernels.fp8_linear, m, n, k, w, m % 2 == 1, mma, path, device)
+
+
+def test_scalar_global_scale_and_strided_inputs(device):
+    n, k = 1040, 400
+    q = quantize_nvfp4(torch.randn(n, k, device=device))
+    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)  # scalar global scale
+    w = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
+    wide = torch.randn(5, k + 16, device=device).to(torch.float16)[:, :k]  # row stride k + 16, loadable in place
+    transposed = torch.randn(k, 7, device=device).to(torch.float16).t()  # column stride ≠ 1: copied first
+    batched = torch.randn(2, 3, k, device=device).to(torch.float16)
+    for x in (wide, transposed, batched):
+        for mma in _device_atoms():
+            y = kernels.nvfp4_linear(x, prepared, None, mma=mma)
+            assert y.shape == (*x.shape[:-1], n)
+            check_against_reference(y.reshape(-1, n), x.reshape(-1, k), w, None)
+
+
+def test_empty_batch(device):
+    q = quantize_nvfp4(torch.randn(64, 128, device=device))
+    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    assert kernels.nvfp4_linear(torch.empty(0, 128, device=device, dtype=torch.float16), prepared).shape == (0, 64)
+
+
+def test_input_validation(device):
+    q = quantize_nvfp4(torch.randn(64, 128, device=device))
+    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    with pytest.raises(TypeError, match="float16"):
+        kernels.nvfp4_linear(torch.randn(2, 128, device=device), prepared)
+    with pytest.raises(RuntimeError, match="do not match"):
+        kernels.nvfp4_linear(torch.randn(2, 256, device=device).half(), prepared)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.nvfp4_linear(torch.randn(2, 128, device=device).half(), prepared, torch.zeros(63, device=device).half())
+    with pytest.raises(RuntimeError, match="multiples of 16"):
+        kernels.prepare_nvfp4(q.packed[:, :60], q.block_scale[:, :7], q.global_scale)
+
+
+def test_fake_implementations_trace(device):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q = quantize_nvfp4(torch.randn(1040, 400, device=device))
+    x = torch.randn(3, 5, 400, device=device).half()
+    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)  # eager, at load time
+    mode = FakeTensorMode()
+    fake_prepared = {name: mode.from_tensor(tensor) for name, tensor in prepared.items()}
+    fake_x = mode.from_tensor(x)
+    with mode:
+        y = kernels.nvfp4_linear(fake_x, fake_prepared)
+        assert y.shape == (3, 5, 1040) and y.dtype == torch.float16

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Compile the GEMM kernels for Volta (compute_70 → sm_70) without a V100 and check the result.
+
+CUDA 13 cannot target sm_70, so this uses CUDA 12.9's NVRTC and ptxas from PyPI
+(``pip install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86``):
+csrc/weight_gemm.cuh → PTX (NVRTC, every kernel instantiation the extension launches) → sm_70 cubin (ptxas -v).
+Fails when a kernel spills registers, needs more than Volta's 96 KB of shared memory per block, or when the PTX
+lacks the Volta HMMA instruction (mma.sync.aligned.m8n8k4). Prints registers, spills and shared memory per kernel.
+
+    python tools/sm70_check.py [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = "weight_gemm.cuh"
+VOLTA_MAX_SMEM_PER_BLOCK = 96 * 1024
+VOLTA_HMMA = "mma.sync.aligned.m8n8k4"
+MMA_ATOMS = ("Sm70Mma", "Sm80Mma")
+FORMATS = ("Nvfp4Format", "Fp8Format")
+BLOCK_ROWS = (16, 32, 64)  # the BM values weight_gemm.cu launches
+
+
+class ToolchainMissing(RuntimeError):
+    """The CUDA 12.9 NVRTC / ptxas wheels are not installed."""
+
+
+def _package_dirs(name: str) -> list[Path]:
+    """Install locations of an ``nvidia.<name>`` wheel on sys.path (namespace package, no __init__)."""
+    found = []
+    for entry in sys.path + [str(REPO / ".toolchain")]:
+        candidate = Path(entry or ".") / "nvidia" / name
+        if candidate.is_dir():
+            found.append(candidate)
+    return found
+
+
+def find_toolchain() -> tuple[Path, Path]:
+    """(libnvrtc.so.12, ptxas) from the nvidia-cuda-nvrtc-cu12 / nvidia-cuda-nvcc-cu12 wheels."""
+    nvrtc = [Path(p) for d in _package_dirs("cuda_nvrtc") for p in glob.glob(str(d / "lib" / "libnvrtc.so.12"))]
+    ptxas = [p for d in _package_dirs("cuda_nvcc") for p in [d / "bin" / "ptxas"] if p.is_file()]
+    if not nvrtc or not ptxas:
+        raise ToolchainMissing(
+            "CUDA 12.9 NVRTC/ptxas not found; pip install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86"
+        )
+    return nvrtc[0], ptxas[0]
+
+
+def kernel_source() -> str:
+    """A translation unit that instantiates every kernel the extension launches."""
+    lines = [f'#include "{HEADER}"', "namespace volta_fp4 {"]
+    for atom in MMA_ATOMS:
+        for fmt in FORMATS:
+            for rows in BLOCK_ROWS:
+                lines.append(f"template __global__ void weight_gemm_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
+    for fmt in FORMATS:
+        lines.append(
+            f"template __global__ void dequantize_tiles_kernel<{fmt}>(const uint8_t*, const float*, uint16_t*, int, int, int, int);"
+        )
+    lines.append("}")
+    # Exported so the report can print each kernel's dynamic shared memory from the header's own formula.
+    for rows in BLOCK_ROWS:
+        lines.append(f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});")
+    return "\n".join(lines) + "\n"
+
+
+def nvrtc_compile(libnvrtc: Path, source: str) -> str:
+    """CUDA C++ → PTX for compute_70; raises with NVRTC's log on failure."""
+    lib = ctypes.CDLL(str(libnvrtc))
+    program = ctypes.c_void_p()
+
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what}: {lib.nvrtcGetErrorString(status).decode()}")
+
+    check(lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"sm70_check.cu", 0, None, None), "create")
+    options = [b"--gpu-architecture=compute_70", b"-std=c++17", b"--use_fast_math", f"-I{REPO / 'csrc'}".encode()]
+    status = lib.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
+    log_size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(program, ctypes.byref(log_size))
+    log = ctypes.create_string_buffer(log_size.value)
+    lib.nvrtcGetProgramLog(program, log)
+    if status != 0:
+        raise RuntimeError(f"NVRTC failed for compute_70:\n{log.value.decode()}")
+    ptx_size = ctypes.c_size_t()
+    check(lib.nvrtcGetPTXSize(program, ctypes.byref(ptx_size)), "PTX size")
+    ptx = ctypes.create_string_buffer(ptx_size.value)
+    check(lib.nvrtcGetPTX(program, ptx), "PTX")
+    lib.nvrtcDestroyProgram(ctypes.byref(program))
+    return ptx.value.decode()
+
+
+@dataclass
+class KernelReport:
+    name: str
+    registers: int
+    spill_bytes: int
+    stack_bytes: int
+    static_smem: int
+    dynamic_smem: int
+
+    @property
+    def problems(self) -> list[str]:
+        found = []
+        if self.spill_bytes:
+            found.append(f"{self.spill_bytes} bytes of register spills")
+        if self.static_smem + self.dynamic_smem > VOLTA_MAX_SMEM_PER_BLOCK:
+            found.append(f"{self.static_smem + self.dynamic_smem} bytes of shared memory > 96 KB")
+        return found
+
+
+def ptxas_reports(ptxas: Path, ptx: str, workdir: Path) -> list[KernelReport]:
+    ptx_path = workdir / "kernels_sm70.ptx"
+    ptx_path.write_text(ptx)
+    result = subprocess.run(
+        [str(ptxas), "-arch=sm_70", "-O3", "-v", str(ptx_path), "-o", str(workdir / "kernels_sm70.cubin")],
+        capture_output=True, text=True,
+    )
+    if result.returncode:
+        raise RuntimeError(f"ptxas failed for sm_70:\n{result.stderr}")
+    smem_of_rows = {int(r): int(v) for r, v in re.findall(r"fused_smem_bytes_bm(\d+)\s*=\s*(\d+)", ptx)}
+    reports, current = [], None
+    for line in result.stderr.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            current = m.group(1)
+        elif current and (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+            stack, spill_stores, spill_loads = map(int, m.groups())
+            pending = (stack, spill_stores + spill_loads)
+        elif current and (m := re.search(r"Used (\d+) registers", line)):
+            static_smem = int(s.group(1)) if (s := re.search(r"(\d+) bytes smem", line)) else 0
+            rows = re.search(r"ELi(\d+)EEEv", current)
+            dynamic = smem_of_rows.get(int(rows.group(1)), 0) if "weight_gemm_kernel" in current and rows else 0
+            reports.append(KernelReport(current, int(m.group(1)), pending[1], pending[0], static_smem, dynamic))
+            current = None
+    return reports
+
+
+def readable(mangled: str) -> str:
+    atom = next((a for a in MMA_ATOMS if a in mangled), "")
+    fmt = next((f for f in FORMATS if f in mangled), "")
+    rows = re.search(r"ELi(\d+)EEEv", mangled)
+    kind = "weight_gemm" if "weight_gemm_kernel" in mangled else "dequantize_tiles"
+    return f"{kind}<{', '.join(x for x in (atom, fmt, f'BM={rows.group(1)}' if rows else '') if x)}>"
+
+
+def check(keep: Path | None = None) -> tuple[list[KernelReport], list[str]]:
+    """Compile and check; returns the per-kernel reports and the list of failures (empty when clean)."""
+    libnvrtc, ptxas = find_toolchain()
+    ptx = nvrtc_compile(libnvrtc, kernel_source())
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        reports = ptxas_reports(ptxas, ptx, workdir)
+    failures = [f"{readable(r.name)}: {p}" for r in reports for p in r.problems]
+    expected = len(MMA_ATOMS) * len(FORMATS) * len(BLOCK_ROWS) + len(FORMATS)
+    if len(reports) != expected:
+        failures.append(f"ptxas reported {len(reports)} kernels, expected {expected}")
+    if VOLTA_HMMA not in ptx:
+        failures.append(f"the compute_70 PTX has no {VOLTA_HMMA} (Volta HMMA)")
+    return reports, failures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", type=Path, help="write the PTX and cubin into this directory")
+    args = parser.parse_args()
+    try:
+        reports, failures = check(args.keep)
+    except ToolchainMissing as error:
+        print(error, file=sys.stderr)
+        return 2
+    print(f"{'kernel (sm_70)':<48} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8}")
+    for r in reports:
+        print(f"{readable(r.name):<48} {r.registers:>5} {r.spill_bytes:>8} {r.stack_bytes:>8} {r.static_smem + r.dynamic_smem:>8}")
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    print("sm_70 check:", "FAILED" if failures else f"clean ({VOLTA_HMMA} present in PTX)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
