@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device call for everything GPU-side, most important first, each step under its own time limit:
+# build the extension, GPU tests, vLLM end to end with the plugin (NVFP4 GEMMs + attention backend), the attention
+# backend end to end, a quick GEMM benchmark. Needs the shared gpu-vllm-kit made here into .gpu-kit and carried:
+#   bash ../shared/tools/gpu-vllm-kit/make_kit.sh .gpu-kit ;  device run, carry [".gpu-kit"]:
+#   COMMIT=$(git rev-parse --short HEAD) bash benchmarks/run_all_gpu.sh [no-attention-e2e] [no-bench]
+set -uo pipefail
+want() { [[ " $ARGS " != *" no-$1 "* ]]; }
+ARGS="$*"
+OUT=${OUT:-/tmp/vvf4-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+status=0
+step() { echo; echo "=== $1 ($(date +%T)) ==="; }
+
+step build
+ARCH=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')")
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+start=$(date +%s)
+TORCH_CUDA_ARCH_LIST=$ARCH VLLM_VOLTA_FP4_BUILD_EXT=1 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
+  || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+
+step "GPU tests"
+timeout 200 python3 -m pytest -q -n 4 tests/gpu -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1 || status=1
+tail -4 "$OUT/gpu-tests.log"
+
+step "install the vLLM kit"
+SITE=/tmp/site; rm -rf "$SITE" && mkdir -p "$SITE"
+{ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .gpu-kit/wheels/*.whl &&
+  tar xzf .gpu-kit/vllm-py.tgz -C "$SITE" && python3 .gpu-kit/patch_vllm.py "$SITE"; } > "$OUT/kit-install.log" 2>&1 \
+  || { tail -20 "$OUT/kit-install.log"; exit 1; }
+
+step "vLLM end to end: NVFP4 checkpoints through volta_nvfp4"
+PYTHONPATH=$SITE:$PYTHONPATH timeout 150 python3 benchmarks/nvfp4_e2e.py --kit .gpu-kit > "$OUT/nvfp4-e2e.log" 2>&1 || status=1
+grep -E "extension available|tokens matching|NVFP4-E2E|Error" "$OUT/nvfp4-e2e.log" | head -20
+
+if want attention-e2e; then
+  step "vLLM end to end: attention backend vs Hugging Face"
+  PYTHONPATH=$SITE:$PYTHONPATH timeout 150 python3 benchmarks/attention_e2e.py --kit .gpu-kit > "$OUT/attention-e2e.log" 2>&1 || status=1
+  grep -E "head_dim|E2E-|Error" "$OUT/attention-e2e.log" | head -20
+fi
+
+step "doctor on a GPU machine"
+timeout 30 python3 -m vllm_volta_fp4.cli doctor > "$OUT/doctor.log" 2>&1; cat "$OUT/doctor.log"
+
+if want bench; then
+  step "GEMM benchmark (quick)"
+  timeout 120 python3 benchmarks/bench_gemm.py --quick --out "$OUT/gemm-h200-quick.md" --commit "${COMMIT:-uncommitted}" \
+    > "$OUT/bench.log" 2>&1 || status=1
+  [[ -f "$OUT/gemm-h200-quick.md" ]] && cat "$OUT/gemm-h200-quick.md" || tail -5 "$OUT/bench.log"
+fi
+exit $status
