@@ -7,29 +7,18 @@
 set -uo pipefail
 want() { [[ " $ARGS " != *" no-$1 "* ]]; }
 ARGS="$*"
-OUT=${OUT:-/tmp/vvf4-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 status=0
 step() { echo; echo "=== $1 ($(date +%T)) ==="; }
 
 step build
-ARCH=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')")
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-start=$(date +%s)
-TORCH_CUDA_ARCH_LIST=$ARCH VLLM_VOLTA_FP4_BUILD_EXT=1 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
-  || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+source benchmarks/gpu_build.sh
 
 step "GPU tests"
 timeout 200 python3 -m pytest -q -n 4 tests/gpu -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1 || status=1
 tail -4 "$OUT/gpu-tests.log"
 
 step "install the vLLM kit"
-SITE=/tmp/site; rm -rf "$SITE" && mkdir -p "$SITE"
-{ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .gpu-kit/wheels/*.whl &&
-  tar xzf .gpu-kit/vllm-py.tgz -C "$SITE" && python3 .gpu-kit/patch_vllm.py "$SITE"; } > "$OUT/kit-install.log" 2>&1 \
-  || { tail -20 "$OUT/kit-install.log"; exit 1; }
+source benchmarks/gpu_kit_install.sh
 
 step "vLLM end to end: NVFP4 checkpoints through volta_nvfp4"
 PYTHONPATH=$SITE:$PYTHONPATH timeout 150 python3 benchmarks/nvfp4_e2e.py --kit .gpu-kit > "$OUT/nvfp4-e2e.log" 2>&1 || status=1

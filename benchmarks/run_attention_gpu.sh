@@ -5,15 +5,7 @@
 #   e2e: also run vLLM end to end with our backend (benchmarks/attention_e2e.py); needs the shared gpu-vllm-kit
 #   made here into .gpu-kit (bash ../shared/tools/gpu-vllm-kit/make_kit.sh .gpu-kit) and carried: carry [".gpu-kit"].
 set -uo pipefail
-OUT=${OUT:-/tmp/vvf4-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-ARCH=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')")
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-start=$(date +%s)
-TORCH_CUDA_ARCH_LIST=$ARCH VLLM_VOLTA_FP4_BUILD_EXT=1 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
-  || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+source benchmarks/gpu_build.sh
 tests_rc=0 bench_rc=0
 if [[ " $* " != *" e2e-only "* ]]; then
   python3 -m pytest -q tests/gpu/test_attention_gpu.py -p no:cacheprovider -rs -s 2>&1 > "$OUT/attention-tests.log"
@@ -35,10 +27,7 @@ PY
 fi
 e2e_rc=0
 if [[ " $* " == *" e2e "* || " $* " == *" e2e-only "* ]]; then
-  SITE=/tmp/site; rm -rf "$SITE" && mkdir -p "$SITE"
-  { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .gpu-kit/wheels/*.whl &&
-    tar xzf .gpu-kit/vllm-py.tgz -C "$SITE" && python3 .gpu-kit/patch_vllm.py "$SITE"; } > "$OUT/e2e-install.log" 2>&1 \
-    || { tail -20 "$OUT/e2e-install.log"; exit 1; }
+  source benchmarks/gpu_kit_install.sh
   PYTHONPATH=$SITE:$PYTHONPATH python3 benchmarks/attention_e2e.py --kit .gpu-kit > "$OUT/attention-e2e.log" 2>&1
   e2e_rc=$?
   grep -E "head_dim|E2E-" "$OUT/attention-e2e.log"

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
@@ -44,3 +52,53 @@ def simulated_tp(monkeypatch):
 
     with set_current_vllm_config(VllmConfig()):
         yield set_rank
+
+
+SERVER_START_TIMEOUT_S = 300
+SERVER_MAX_MODEL_LEN = 512
+CPU_ENGINE_ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def openai_server(tiny_checkpoints, tmp_path_factory):
+    """One vLLM OpenAI-compatible server for the session: CPU engine, the tiny ModelOpt NVFP4 model through
+    volta_nvfp4, float32, bound to 127.0.0.1 and stopped by its process group."""
+    pytest.importorskip("vllm")
+    model = str(tiny_checkpoints["modelopt-nvfp4"])
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--quantization", "volta_nvfp4", "--dtype", "float32", "--enforce-eager",
+               "--max-model-len", str(SERVER_MAX_MODEL_LEN), "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, env=CPU_ENGINE_ENV, stdout=sink, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not healthy after {SERVER_START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        yield SimpleNamespace(url=url, model=model, max_model_len=SERVER_MAX_MODEL_LEN)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)

@@ -4,13 +4,7 @@ against a real vLLM OpenAI server on CPU producing the markdown table, the CSV a
 from __future__ import annotations
 
 import csv
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -29,7 +23,6 @@ from vllm_volta_fp4.benchmark import (
 )
 from vllm_volta_fp4.cli import main
 
-SERVER_START_TIMEOUT_S = 300
 
 
 def test_percentile_matches_numpy():
@@ -98,62 +91,24 @@ def test_unreachable_server_is_a_clear_error(capsys):
     assert "is the server running" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory):
-    """One vLLM OpenAI server on the tiny NVFP4 model for this module, stopped by its process group id."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = tmp_path_factory.mktemp("bench-server") / "server.log"
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-               str(tiny_checkpoints["modelopt-nvfp4"]), "--quantization", "volta_nvfp4", "--dtype", "float32",
-               "--enforce-eager", "--max-model-len", "512", "--host", "127.0.0.1", "--port", str(port)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with log.open("w") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy after {SERVER_START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield base
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-
-
 @pytest.mark.engine
 @requires_vllm
-def test_bench_against_the_cpu_server_writes_all_three_outputs(server, tmp_path, capfd):
+def test_bench_against_the_cpu_server_writes_all_three_outputs(openai_server, tmp_path, capfd):
     pytest.importorskip("matplotlib")
     out = tmp_path / "results"
-    code = main(["bench", "--url", server, "--input-len", "32", "--output-len", "16", "--batches", "1,4",
+    code = main(["bench", "--url", openai_server.url, "--input-len", "32", "--output-len", "16", "--batches", "1,4",
                  "--repeats", "2", "--out", str(out)])
     captured = capfd.readouterr()
     assert code == 0, captured.err
     rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
     assert [(int(row["batch"]), int(row["requests"])) for row in rows] == [(1, 2), (4, 8)]
     for row in rows:
-        assert int(row["max_model_len"]) == 512  # read from the server
+        assert int(row["max_model_len"]) == openai_server.max_model_len  # read from the server
         for column in COLUMNS[3:]:
             assert float(row[column]) > 0, column
         assert float(row["latency_s_p50"]) <= float(row["latency_s_p90"]) <= float(row["latency_s_p99"])
         assert float(row["ttft_ms_p50"]) / 1000 < float(row["latency_s_p50"])
     table = (out / "results.md").read_text()
-    assert table in captured.out and "| 512 | 4 | 8 |" in table
+    assert table in captured.out and f"| {openai_server.max_model_len} | 4 | 8 |" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench: 4/4" in captured.err  # progress: 2 batch sizes × 2 rounds

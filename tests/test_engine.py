@@ -5,19 +5,15 @@ greedy tokens as the dequantized model run unquantized by the same engine; the O
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import CPU_ENGINE_ENV as ENV
 from tests.conftest import requires_vllm
 from vllm_volta_fp4.convert import convert_to_dense
 from vllm_volta_fp4.greedy import DEFAULT_PROMPTS
@@ -29,7 +25,6 @@ MAX_TOKENS = 32
 NVFP4_FAMILY = ("modelopt-nvfp4", "modelopt-w4a16", "ct-w4a16", "ct-w4a4")
 ENGINE = {"dtype": "float32"}
 QUANTIZED = {**ENGINE, "quantization": "volta_nvfp4"}
-ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _tensors(directory):
@@ -107,49 +102,9 @@ def test_the_model_is_not_trivially_repetitive(generations):
         assert len(set(generation["token_ids"])) >= 4
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-               str(tiny_checkpoints["modelopt-nvfp4"]), "--quantization", "volta_nvfp4", "--dtype", "float32",
-               "--enforce-eager", "--max-model-len", "256", "--host", "127.0.0.1", "--port", str(port)]
-    with log.open("w") as sink:
-        process = subprocess.Popen(command, env=ENV, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy after 300 s:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield base, str(tiny_checkpoints["modelopt-nvfp4"])
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-
-
-def _client(base):
+def _client(server):
     openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=120)
 
 
 def _complete(client, model, prompt):
@@ -158,17 +113,15 @@ def _complete(client, model, prompt):
     return response.choices[0].text, response.usage.completion_tokens
 
 
-def test_server_completions_match_offline_greedy(server, generations):
-    base, model = server
-    client = _client(base)
+def test_server_completions_match_offline_greedy(openai_server, generations):
+    client, model = _client(openai_server), openai_server.model
     for expected in generations["modelopt-nvfp4"]:
         text, count = _complete(client, model, expected["prompt"])
         assert count == MAX_TOKENS and text == expected["text"]
 
 
-def test_server_chat_completions_apply_the_chat_template(server):
-    base, model = server
-    client = _client(base)
+def test_server_chat_completions_apply_the_chat_template(openai_server):
+    client, model = _client(openai_server), openai_server.model
     question = "what is the kv cache"
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
                                           max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
@@ -178,9 +131,8 @@ def test_server_chat_completions_apply_the_chat_template(server):
     assert _complete(client, model, rendered)[0] == content
 
 
-def test_32_concurrent_requests_are_all_answered_correctly(server, generations):
-    base, model = server
-    client = _client(base)
+def test_32_concurrent_requests_are_all_answered_correctly(openai_server, generations):
+    client, model = _client(openai_server), openai_server.model
     expected = {g["prompt"]: g["text"] for g in generations["modelopt-nvfp4"]}
     prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(32)]
     with ThreadPoolExecutor(max_workers=32) as pool:

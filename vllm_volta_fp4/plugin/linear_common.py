@@ -1,9 +1,13 @@
-"""What the NVFP4 and FP8 linear methods share: scale bookkeeping across fused shards and kernel dispatch."""
+"""What the NVFP4 and FP8 linear methods share: checked scales across fused shards, the switch from checkpoint
+tensors to serving tensors after loading, and the choice between the CUDA kernels and the reference."""
 
 from __future__ import annotations
 
 import torch
 from torch.nn import Parameter
+
+from vllm_volta_fp4.checkpoint import LayerScheme, QuantFormat
+from vllm_volta_fp4.plugin.compat import LinearMethodBase
 
 PREPARED_PREFIX = "volta_"
 
@@ -38,15 +42,37 @@ def cuda_kernels_for(tensor: torch.Tensor):
     return kernels if kernels.is_available() else None
 
 
-def install(layer: torch.nn.Module, tensors: dict[str, torch.Tensor], drop: list[str]) -> None:
-    """Replace the checkpoint-layout parameters ``drop`` by the serving tensors (``volta_<name>``)."""
-    for name in drop:
-        if hasattr(layer, name):
-            delattr(layer, name)
-    for name, tensor in tensors.items():
-        layer.register_parameter(PREPARED_PREFIX + name, Parameter(tensor, requires_grad=False))
-    layer.volta_tensor_names = tuple(tensors)
+class QuantizedLinearMethod(LinearMethodBase):
+    """Base of the weight-only methods. A subclass creates the checkpoint-layout parameters and, after loading,
+    returns the serving tensors in the order its kernel and its reference take them."""
 
+    kernel: str  # kernels.prepare_<kernel> / kernels.<kernel>_linear
+    reference = None  # reference(x, *serving tensors, bias)
 
-def installed(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: getattr(layer, PREPARED_PREFIX + name) for name in layer.volta_tensor_names}
+    def __init__(self, quant_format: QuantFormat, scheme: LayerScheme, prefix: str):
+        self.quant_format = quant_format
+        self.scheme = scheme
+        self.prefix = prefix
+        self.names = quant_format.tensor_names(scheme)
+
+    def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer) -> None:
+        tensors = self.serving_tensors(layer)
+        kernels = cuda_kernels_for(next(iter(tensors.values())))
+        if kernels is not None:
+            tensors = getattr(kernels, f"prepare_{self.kernel}")(*tensors.values())
+        for name in self.names.values():  # the checkpoint layout is not kept beside the serving layout
+            if hasattr(layer, name):
+                delattr(layer, name)
+        for name, tensor in tensors.items():
+            layer.register_parameter(PREPARED_PREFIX + name, Parameter(tensor, requires_grad=False))
+        layer.volta_tensor_names = tuple(tensors)
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        tensors = {name: getattr(layer, PREPARED_PREFIX + name) for name in layer.volta_tensor_names}
+        kernels = cuda_kernels_for(x)
+        if kernels is not None:
+            return getattr(kernels, f"{self.kernel}_linear")(x, tensors, bias)
+        return type(self).reference(x, *tensors.values(), bias)

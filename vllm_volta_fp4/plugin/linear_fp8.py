@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import torch
 
-from vllm_volta_fp4.checkpoint import COMPRESSED_TENSORS, LayerScheme, QuantFormat
+from vllm_volta_fp4.checkpoint import COMPRESSED_TENSORS
 from vllm_volta_fp4.nvfp4 import fp8_linear_reference
 from vllm_volta_fp4.plugin.compat import (
     ChannelQuantScaleParameter,
-    LinearMethodBase,
     ModelWeightParameter,
     PerTensorScaleParameter,
     register_weight_loader_v2_supported_method,
 )
 from vllm_volta_fp4.plugin.linear_common import (
+    QuantizedLinearMethod,
     checked_scales,
-    cuda_kernels_for,
     expand_to_rows,
-    install,
-    installed,
     unloaded_sentinel,
 )
 
 
 @register_weight_loader_v2_supported_method
-class Fp8LinearMethod(LinearMethodBase):
-    def __init__(self, quant_format: QuantFormat, scheme: LayerScheme, prefix: str):
-        self.quant_format = quant_format
-        self.scheme = scheme
-        self.prefix = prefix
-        self.names = quant_format.tensor_names(scheme)
+class Fp8LinearMethod(QuantizedLinearMethod):
+    kernel = "fp8"
+    reference = staticmethod(fp8_linear_reference)
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, **extra_weight_attrs):
@@ -50,19 +44,9 @@ class Fp8LinearMethod(LinearMethodBase):
             layer.register_parameter(self.names["input_scale"], PerTensorScaleParameter(
                 data=unloaded_sentinel((shards,)), weight_loader=loader))
 
-    def process_weights_after_loading(self, layer) -> None:
+    def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
         stored = getattr(layer, self.names["scale"]).data.reshape(-1)
         scale = checked_scales(stored, self.prefix, f"FP8 weight scale '{self.names['scale']}'")
         if not self.scheme.per_channel:
             scale = expand_to_rows(scale, layer.volta_partition_sizes)
-        weight = getattr(layer, self.names["weight"]).data
-        kernels = cuda_kernels_for(weight)
-        tensors = kernels.prepare_fp8(weight, scale) if kernels is not None else {"weight": weight, "scale": scale}
-        install(layer, tensors, drop=list(self.names.values()))
-
-    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        tensors = installed(layer)
-        kernels = cuda_kernels_for(x)
-        if kernels is not None:
-            return kernels.fp8_linear(x, tensors, bias)
-        return fp8_linear_reference(x, tensors["weight"], tensors["scale"], bias)
+        return {"weight": getattr(layer, self.names["weight"]).data, "scale": scale}

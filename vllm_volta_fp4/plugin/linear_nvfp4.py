@@ -7,31 +7,24 @@ from __future__ import annotations
 
 import torch
 
-from vllm_volta_fp4.checkpoint import LayerScheme, QuantFormat
 from vllm_volta_fp4.nvfp4 import BLOCK_SIZE, nvfp4_linear_reference
 from vllm_volta_fp4.plugin.compat import (
-    LinearMethodBase,
     ModelWeightParameter,
     PerTensorScaleParameter,
     register_weight_loader_v2_supported_method,
 )
 from vllm_volta_fp4.plugin.linear_common import (
+    QuantizedLinearMethod,
     checked_scales,
-    cuda_kernels_for,
     expand_to_rows,
-    install,
-    installed,
     unloaded_sentinel,
 )
 
 
 @register_weight_loader_v2_supported_method
-class NvFp4LinearMethod(LinearMethodBase):
-    def __init__(self, quant_format: QuantFormat, scheme: LayerScheme, prefix: str):
-        self.quant_format = quant_format
-        self.scheme = scheme
-        self.prefix = prefix
-        self.names = quant_format.tensor_names(scheme)
+class NvFp4LinearMethod(QuantizedLinearMethod):
+    kernel = "nvfp4"
+    reference = staticmethod(nvfp4_linear_reference)
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, **extra_weight_attrs):
@@ -55,21 +48,10 @@ class NvFp4LinearMethod(LinearMethodBase):
             layer.register_parameter(self.names["input_scale"], PerTensorScaleParameter(
                 data=unloaded_sentinel((shards,)), weight_loader=loader))
 
-    def process_weights_after_loading(self, layer) -> None:
+    def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
         stored = getattr(layer, self.names["global_scale"]).data
         decode = 1.0 / stored if self.quant_format.global_scale_is_inverse else stored
         decode = checked_scales(decode, self.prefix, f"global scale '{self.names['global_scale']}'")
-        global_scale = expand_to_rows(decode, layer.volta_partition_sizes)
-        packed = getattr(layer, self.names["packed"]).data
-        block_scale = getattr(layer, self.names["block_scale"]).data
-        kernels = cuda_kernels_for(packed)
-        tensors = (kernels.prepare_nvfp4(packed, block_scale, global_scale) if kernels is not None else
-                   {"packed": packed, "block_scale": block_scale, "global_scale": global_scale})
-        install(layer, tensors, drop=list(self.names.values()))
-
-    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        tensors = installed(layer)
-        kernels = cuda_kernels_for(x)
-        if kernels is not None:
-            return kernels.nvfp4_linear(x, tensors, bias)
-        return nvfp4_linear_reference(x, tensors["packed"], tensors["block_scale"], tensors["global_scale"], bias)
+        return {"packed": getattr(layer, self.names["packed"]).data,
+                "block_scale": getattr(layer, self.names["block_scale"]).data,
+                "global_scale": expand_to_rows(decode, layer.volta_partition_sizes)}
