@@ -79,6 +79,9 @@ def main() -> int:
             print(f"{fmt} volta_nvfp4 + {backend} (engine used {used}): tokens matching the fp16 dense model "
                   f"per prompt {matches} of {MAX_TOKENS}{' — identical' if identical else ''}", flush=True)
             failed |= not identical
+            if backend == "CUSTOM" and torch.cuda.is_available() and "CUSTOM" not in used:
+                print("NVFP4-E2E-FAIL: the engine did not run the plugin's attention backend", flush=True)
+                failed = True
     print("NVFP4-E2E-FAIL" if failed else "NVFP4-E2E-OK")
     return 1 if failed else 0
 
