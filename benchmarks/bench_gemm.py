@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""NVFP4 GEMM vs cuBLAS FP16 vs dequantize + cuBLAS on Qwen3.8-27B linear shapes, in one run on one GPU.
+"""NVFP4 GEMM (fused, GEMV, dequantize + cuBLAS) vs cuBLAS FP16 on Qwen3.8-27B linear shapes, in one run on one GPU.
 
 Each variant is timed as a CUDA graph of R back-to-back calls (so launch gaps are the GPU's, not Python's),
 rotating over weight copies and inputs that together exceed L2 several times; median of the replays. Results are
@@ -33,6 +33,7 @@ SHAPES = [
 ]
 M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ROTATION_BYTES = 512 << 20  # > 8 × the H200's L2
+GEMV_MAX_M = 8  # PATH_GEMV takes M <= 8 (kGemvMaxM in csrc/weight_gemm.cuh)
 
 
 def time_graph(step, rotations: int, calls: int, replays: int = 7) -> float:
@@ -104,6 +105,8 @@ def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float
         }
         if m <= 64:
             variants["fused_sm70"] = (nvfp4(kernels.PATH_FUSED, 70), nvfp4_copies)
+        if m <= GEMV_MAX_M:
+            variants["gemv"] = (nvfp4(kernels.PATH_GEMV), nvfp4_copies)
         row = {"shape": name, "N": n, "K": k, "M": m}
         for variant, (step, rotations) in variants.items():
             out = step(0).float()
@@ -117,6 +120,9 @@ def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float
         row["fused_packed_gbps"] = packed_bytes / row["fused_sm80"] / 1e3
         row["fused_pct_of_copy"] = 100 * row["fused_packed_gbps"] / copy_gbps
         row["auto_tflops"] = 2 * m * n * k / best / 1e6
+        if "gemv" in row:
+            row["gemv_speedup_vs_cublas"] = row["cublas_fp16"] / row["gemv"]
+            row["gemv_pct_of_copy"] = 100 * packed_bytes / row["gemv"] / 1e3 / copy_gbps
         rows.append(row)
         print(" ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}" for key, value in row.items()), flush=True)
         del inputs
@@ -135,16 +141,20 @@ def markdown(rows: list[dict], copy_gbps: float, gpu: str, commit: str) -> str:
         "  compatibility mode: a correctness run, not a Volta number). `dequant_cublas`: tile-wise dequantize to fp16 +",
         "  cuBLAS. `auto`: what the op dispatches to. Speedups are cuBLAS FP16 time / ours (higher is better).",
         "- GB/s: packed weight bytes (codes + block scales) / fused time; % of copy: that over the copy bandwidth.",
+        "- `gemv`: the CUDA-core GEMV (PATH_GEMV, M <= 8); `gemv × cuBLAS` and `gemv % copy` as for the fused kernel.",
         "",
-        "| shape | N | K | M | cuBLAS fp16 µs | fused sm80 µs | fused sm70 µs | dequant+cuBLAS µs | auto µs | auto × cuBLAS | fused × cuBLAS | fused GB/s | % copy | auto TFLOP/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| shape | N | K | M | cuBLAS fp16 µs | fused sm80 µs | fused sm70 µs | gemv µs | dequant+cuBLAS µs | auto µs | auto × cuBLAS | fused × cuBLAS | gemv × cuBLAS | fused GB/s | % copy | gemv % copy | auto TFLOP/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         sm70 = f"{r['fused_sm70']:.1f}" if "fused_sm70" in r else "–"
+        gemv, gemv_speedup, gemv_pct = (
+            (f"{r['gemv']:.1f}", f"{r['gemv_speedup_vs_cublas']:.2f}", f"{r['gemv_pct_of_copy']:.0f}") if "gemv" in r else ("–",) * 3
+        )
         lines.append(
-            f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['cublas_fp16']:.1f} | {r['fused_sm80']:.1f} | {sm70} | "
+            f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['cublas_fp16']:.1f} | {r['fused_sm80']:.1f} | {sm70} | {gemv} | "
             f"{r['dequant_cublas']:.1f} | {r['auto']:.1f} | {r['speedup_vs_cublas']:.2f} | {r['fused_speedup_vs_cublas']:.2f} | "
-            f"{r['fused_packed_gbps']:.0f} | {r['fused_pct_of_copy']:.0f} | {r['auto_tflops']:.1f} |"
+            f"{gemv_speedup} | {r['fused_packed_gbps']:.0f} | {r['fused_pct_of_copy']:.0f} | {gemv_pct} | {r['auto_tflops']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -161,7 +171,7 @@ def main() -> None:
     copy_gbps = copy_bandwidth()
     print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
     shapes = SHAPES[:2] if args.quick else SHAPES
-    m_values = [1, 8, 64, 2048] if args.quick else M_VALUES
+    m_values = [1, 4, 8, 64, 2048] if args.quick else M_VALUES
     rows = [row for name, n, k in shapes for row in bench_shape(name, n, k, m_values, copy_gbps)]
     table = markdown(rows, copy_gbps, torch.cuda.get_device_name(), args.commit or git_commit())
     print(table)

@@ -14,7 +14,31 @@
 namespace volta_fp4 {
 namespace {
 
-enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2 };
+enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3 };
+
+// Largest M that `auto` sends to the CUDA-core GEMV (weight_gemv_kernel); VLLM_VOLTA_FP4_GEMV_MAX_M overrides it
+// (0 disables, values above kGemvMaxM are clamped). The GEMV reads the same bytes whatever M is, but its
+// instructions grow with M (the fused kernel's per-row cost sits on the tensor cores instead), so it wins while the
+// instruction stream still hides under the weight stream. Cost per weight (counted from the kernel): NVFP4
+// decoding ≈ 15 integer instructions / 8 weights ≈ 1.9, loads/scales/loop ≈ 0.4, and per row of x 0.5 HFMA2 +
+// 0.125 LDS.128 + 0.25 (fp16→fp32, add, fp32 FMA per 16) ≈ 0.9: about 2.3 + 0.9·M instructions per weight.
+//   sm_70 (V100 SXM2: 80 SMs × 1.53 GHz; 15.7 TFLOP/s FP32 = 7.8 T lane-ops/s on the FMA pipe, 15.7 T issue
+//   slots/s over both pipes; 870 GB/s ÷ 0.5625 B/weight = 1.55 T weights/s): 10.1 issue slots and 5.1 FMA-pipe
+//   lane-ops per weight at full bandwidth. At a realistic ~60 % issue efficiency 2.3 + 0.9·M ≤ 6.1 gives M ≤ 4.2
+//   (the FMA pipe alone, 0.75·M ≤ 5.1 at full rate, allows M ≤ 6) → default 4.
+//   sm_80+ : the tensor-core alternative (fused kernel) is itself far from the bandwidth there (31–61 % of copy on
+//   the H200 at M ≤ 8, benchmarks/results/gemm-h200.md), so the GEMV should be ahead at small M and about tie at
+//   M = 8, where it becomes issue-bound (H200: ≈ 9.5 instructions per weight, ~21 µs for qkv at full issue,
+//   ~30–35 µs at 60–70 %, vs 31.7 µs fused) → default 8 (the crossover may be lower: set it from
+//   bench_gemm.py's gemv column, as for VLLM_VOLTA_FP4_CUBLAS_MIN_M).
+int64_t gemv_max_m(const at::Device& device) {
+  static const int64_t from_env = [] {
+    const char* env = std::getenv("VLLM_VOLTA_FP4_GEMV_MAX_M");
+    return env ? std::atoll(env) : int64_t(-1);
+  }();
+  if (from_env >= 0) return std::min<int64_t>(from_env, kGemvMaxM);
+  return at::cuda::getDeviceProperties(device.index())->major < 8 ? 4 : 8;
+}
 
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200
 // (benchmarks/results/gemm-h200.md): the fused kernel wins up to M = 32 on every 27B shape and ties or wins at 64;
@@ -158,6 +182,56 @@ void launch_fused_for_m(const GemmParams& p, int64_t n_tiles, const at::Tensor& 
   launch_fused<Mma, Format, 64>(p, (p.M + 63) / 64, n_tiles, x);
 }
 
+template <class Format, int M>
+void launch_gemv(GemmParams p, int64_t n_tiles, const at::Tensor& x) {
+  auto kernel = weight_gemv_kernel<Format, M>;
+  // Blocks per SM as registers allow; the x slice per block is then capped so that shared memory does not lower
+  // that (V100: 96 KB per SM) nor exceed kGemvMaxSmemBytes (48 KB needs no opt-in attribute).
+  static int blocks_per_sm = [&] {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGemvThreads, 0));
+    return std::max(blocks, 1);
+  }();
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  const int64_t smem_per_block = std::min<int64_t>(
+      kGemvMaxSmemBytes, int64_t(props->sharedMemPerMultiprocessor) / blocks_per_sm - 8 * 1024 /* static + reserved */);
+  const int64_t max_per_split = std::max<int64_t>(1, smem_per_block / gemv_smem_bytes(M, 1));
+  // Split K over whole waves as launch_fused does.
+  const int64_t slots = int64_t(props->multiProcessorCount) * blocks_per_sm;
+  const int64_t blocks = (n_tiles + kGemvStrips - 1) / kGemvStrips;
+  int64_t per_split = std::min<int64_t>(p.k_tiles, max_per_split), best_cost = INT64_MAX;
+  for (int64_t s = (p.k_tiles + max_per_split - 1) / max_per_split; s <= p.k_tiles; ++s) {
+    const int64_t per = (p.k_tiles + s - 1) / s, used = (p.k_tiles + per - 1) / per;
+    const int64_t waves = (blocks * used + slots - 1) / slots, cost = waves * (per + 2);
+    if (cost < best_cost) best_cost = cost, per_split = per;
+  }
+  p.k_tiles_per_split = int(per_split);
+  p.splits = int((p.k_tiles + per_split - 1) / per_split);
+  at::Tensor partials;
+  if (p.splits > 1) {
+    partials = at::empty({p.splits, p.M, n_tiles * kTileN}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
+  const dim3 grid(unsigned(blocks), unsigned(p.splits));
+  kernel<<<grid, kGemvThreads, gemv_smem_bytes(M, p.k_tiles_per_split), at::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <class Format>
+void launch_gemv_for_m(const GemmParams& p, int64_t n_tiles, const at::Tensor& x) {
+  switch (p.M) {
+    case 1: return launch_gemv<Format, 1>(p, n_tiles, x);
+    case 2: return launch_gemv<Format, 2>(p, n_tiles, x);
+    case 3: return launch_gemv<Format, 3>(p, n_tiles, x);
+    case 4: return launch_gemv<Format, 4>(p, n_tiles, x);
+    case 5: return launch_gemv<Format, 5>(p, n_tiles, x);
+    case 6: return launch_gemv<Format, 6>(p, n_tiles, x);
+    case 7: return launch_gemv<Format, 7>(p, n_tiles, x);
+    case 8: return launch_gemv<Format, 8>(p, n_tiles, x);
+    default: TORCH_CHECK(false, "the GEMV path (path=3) takes M <= ", str(kGemvMaxM), " rows, got ", str(p.M));
+  }
+}
+
 template <class Format>
 void dequantize_then_cublas(const GemmParams& p, int64_t n_tiles, const at::Tensor& x, at::Tensor& y,
                             const c10::optional<at::Tensor>& bias) {
@@ -230,10 +304,15 @@ at::Tensor weight_gemm(const at::Tensor& x_in, const at::Tensor& weight_tiles, c
   p.k_tiles = int(k_tiles);
 
   const Path chosen = path == int64_t(Path::kAuto)
-                          ? (m >= cublas_min_m() ? Path::kDequantCublas : Path::kFused)
+                          ? (m <= gemv_max_m(x.device()) ? Path::kGemv
+                             : m >= cublas_min_m()       ? Path::kDequantCublas
+                                                         : Path::kFused)
                           : Path(path);
-  TORCH_CHECK(chosen == Path::kFused || chosen == Path::kDequantCublas, "path must be 0 (auto), 1 (fused) or 2 (dequantize + cuBLAS), got ", str(path));
-  if (chosen == Path::kDequantCublas) {
+  TORCH_CHECK(chosen == Path::kFused || chosen == Path::kDequantCublas || chosen == Path::kGemv,
+              "path must be 0 (auto), 1 (fused), 2 (dequantize + cuBLAS) or 3 (GEMV, M <= 8), got ", str(path));
+  if (chosen == Path::kGemv) {
+    launch_gemv_for_m<Format>(p, n_tiles, x);
+  } else if (chosen == Path::kDequantCublas) {
     dequantize_then_cublas<Format>(p, n_tiles, x, y, bias);
   } else if (use_sm70_atom(mma, x.device())) {
     launch_fused_for_m<Sm70Mma, Format>(p, n_tiles, x);

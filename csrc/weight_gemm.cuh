@@ -27,6 +27,8 @@
 // Split-K (small M): blocks of the same output tile write fp32 partials; the last one to arrive (counted with
 // a per-layer semaphore that it resets to zero) sums them in split order (deterministic) and runs the
 // epilogue. Epilogue: acc · row_scale[n] + bias[n], rounded once to fp16.
+// Small M (≤ 8) has a second kernel on the same tiles, weight_gemv_kernel (CUDA cores, weights decoded in
+// registers, no shared-memory round trip for them): see "GEMV path" below.
 #pragma once
 
 // fp16 values travel as raw bits (uint16_t, or uint32_t holding a pair: low half = lower column) and the
@@ -80,12 +82,44 @@ __device__ __forceinline__ uint32_t e4m3_pair_to_half2_bits(uint32_t x) {
   return ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
 }
 
+__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t out;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
+  return out;
+}
+// PTX prmt.b32 in its default mode: selector nibble i picks byte (nibble & 7) of {b (bytes 0-3), c (4-7)} for
+// output byte i, or, when the nibble's bit 3 is set, that byte's sign bit replicated (0x00 for a byte < 0x80).
+// Written in PTX because __byte_perm documents only the low three selector bits.
+__device__ __forceinline__ uint32_t prmt(uint32_t b, uint32_t c, uint32_t selector) {
+  uint32_t out;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(b), "r"(c), "r"(selector));
+  return out;
+}
+
+// One 32-bit word of the NVFP4 tile layout (nibbles [e0 e2 e4 e6 e1 e3 e5 e7]) → four fp16 pairs holding the
+// E2M1 values at their true magnitude (0 … 6, exact), pair p = (e_2p, e_2p+1). Every E2M1 magnitude is an fp16
+// whose low byte is zero, so a byte table indexed by the 3 magnitude bits gives the high byte: two prmt look up
+// the four even and the four odd elements, one prmt per pair interleaves them with zero bytes (selector nibble 8 =
+// sign of byte 0 of a table entry = 0x00), and the sign bit (nibble bit 3) is shifted to bit 15 / 31.
+// 15 integer instructions per 8 weights.
+__device__ __forceinline__ void e2m1_word_to_half2(uint32_t word, uint32_t* out) {
+  constexpr uint32_t kHighBytesLow = 0x3E3C3800u;   // fp16 high bytes of 0, 0.5, 1, 1.5
+  constexpr uint32_t kHighBytesHigh = 0x46444240u;  // … of 2, 3, 4, 6
+  const uint32_t magnitude = word & 0x77777777u;
+  const uint32_t even = prmt(kHighBytesLow, kHighBytesHigh, magnitude);        // |e0| |e2| |e4| |e6|
+  const uint32_t odd = prmt(kHighBytesLow, kHighBytesHigh, magnitude >> 16);   // |e1| |e3| |e5| |e7|
+#pragma unroll
+  for (int p = 0; p < 4; ++p)
+    out[p] = prmt(even, odd, 0x4808u | (p << 4) | (p << 12)) | ((word << (12 - 4 * p)) & 0x80008000u);
+}
+
 // ─── Weight formats ───────────────────────────────────────────────────────────────────────────────────────
 // Each thread dequantizes its 64 columns of one tile row into 32 fp16 pairs (columns in order).
 struct Nvfp4Format {
   static constexpr int kChunkBytes = 4608;
   static constexpr int kVectors = 2;
   static constexpr int kStagesInFlight = 4;
+  static constexpr int kGemvStagesInFlight = 2;  // weight_gemv_kernel: 2 × 36 B loaded ahead per thread
   // E2M1 bits placed in the fp16 exponent/mantissa give value · 2^-14; block scales are converted to
   // scale · 2^7 (≤ 57344, exact), so the product is value · scale · 2^-7 and row_scale carries 2^7.
   static constexpr float kRowScaleFactor = 128.0f;
@@ -114,12 +148,28 @@ struct Nvfp4Format {
       }
     }
   }
+  // ─ GEMV hooks (weight_gemv_kernel): a stage is 4 groups of 16 columns; group g = block g of the thread's row.
+  // Group g → the 8 fp16 pairs of columns 16g … 16g+15 at true E2M1 magnitude (words 2g and 2g+1).
+  __device__ __forceinline__ static void gemv_decode(const Stage& s, int g, uint32_t (&out)[8]) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes);
+    e2m1_word_to_half2(words[2 * g], out);
+    e2m1_word_to_half2(words[2 * g + 1], out + 4);
+  }
+  // Block scales as fp32 scale · 2^-8 (exact: via fp16, subnormals included). With row_scale = global · 2^7 the
+  // accumulator needs one more factor 2: kGemvAccFactor.
+  __device__ __forceinline__ static void gemv_scales(const Stage& s, float (&scale)[4]) {
+    const float2 s01 = half2_to_float2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4140)));
+    const float2 s23 = half2_to_float2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4342)));
+    scale[0] = s01.x, scale[1] = s01.y, scale[2] = s23.x, scale[3] = s23.y;
+  }
+  static constexpr float kGemvAccFactor = 2.0f;
 };
 
 struct Fp8Format {
   static constexpr int kChunkBytes = 8192;
   static constexpr int kVectors = 4;
   static constexpr int kStagesInFlight = 2;
+  static constexpr int kGemvStagesInFlight = 1;  // weight_gemv_kernel: 64 B loaded ahead per thread
   static constexpr float kRowScaleFactor = 256.0f;  // e4m3_pair_to_half2_bits leaves out 2^8
   struct Stage {
     uint4 codes[kVectors];
@@ -137,6 +187,19 @@ struct Fp8Format {
       out[2 * w + 1] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4342));
     }
   }
+  // GEMV hooks: group g = vector g (columns 16g … 16g+15), values · 2^-8 (row_scale carries 2^8); no block scale.
+  __device__ __forceinline__ static void gemv_decode(const Stage& s, int g, uint32_t (&out)[8]) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes) + 4 * g;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      out[2 * w] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4140));
+      out[2 * w + 1] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4342));
+    }
+  }
+  __device__ __forceinline__ static void gemv_scales(const Stage&, float (&scale)[4]) {
+    scale[0] = scale[1] = scale[2] = scale[3] = 1.0f;
+  }
+  static constexpr float kGemvAccFactor = 1.0f;
 };
 
 // ─── MMA atoms ────────────────────────────────────────────────────────────────────────────────────────────
@@ -385,6 +448,169 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
       sum.y += v.y;
     }
     store_pair(p, m0 + row, n_base + col, sum.x, sum.y);
+  }
+}
+
+// ─── GEMV path (small M, PATH_GEMV): CUDA cores, weights decoded in registers ─────────────────────────────
+// Same tiles, same per-thread loads as the fused kernel (Format::load: thread t of a strip reads row t % 64,
+// columns (t / 64)·64 … +63 of each tile; every warp load is 512 contiguous bytes), but the weights never touch
+// shared memory: each thread decodes its 64 weights per tile in registers and multiplies them with x, which the
+// block stages once in shared memory for its whole K range (M rows × k_tiles_per_split · 128 halves; all lanes of
+// a warp read the same x address, so the reads are broadcasts). A ring of Format::kGemvStagesInFlight tiles per thread
+// is kept in flight (the refill is issued before the current tile is computed). The two threads of an output row
+// (column halves) add their sums through shared memory; split-K blocks then write fp32 partials and the last one
+// to arrive sums them in split order (deterministic) and runs the epilogue, as in weight_gemm_kernel.
+//
+// Precision: within one 16-column group the products are formed and summed in fp16 (one fma.rn.f16x2 chain of 8
+// per column parity, each step rounded once: error of a group sum ≲ 8 · 2^-11 · Σ|products| worst case, ~4e-4 of
+// the group sum rms for random data), then converted to fp32, multiplied by the group's block scale in fp32 and accumulated in fp32
+// across all groups of K — so the error does not grow with K and the result is within the fp16 output rounding
+// (2^-11) to a small factor. NVFP4 values enter at their true magnitude (|v| ≤ 6, exact in fp16), FP8 as v · 2^-8
+// (|·| ≤ 1.75); a group sum overflows fp16 only if 16 same-signed products exceed 65504, i.e. |x| > 682 (NVFP4) or
+// > 2340 (FP8) on every element of a group with the largest codes — far beyond normalised activations.
+constexpr int kGemvStrips = 2;                        // 64-row strips (output tiles) per block
+constexpr int kGemvThreads = kGemvStrips * kThreads;  // 256
+constexpr int kGemvMaxM = 8;
+// Blocks per SM that the register budget is sized for (__launch_bounds__): 4 (≤ 64 registers, 32 warps) at M = 1,
+// where warps and bytes in flight matter most; 2 (≤ 128) otherwise — at 3, M ≥ 2 spills on sm_70 for FP8 (and
+// M ≥ 5 for NVFP4; tools/sm70_check.py).
+__host__ __device__ constexpr int gemv_min_blocks(int m) { return m == 1 ? 4 : 2; }
+constexpr int kGemvMaxSmemBytes = 24 * 1024;          // x slice: M · k_tiles_per_split · 128 · 2 bytes at most
+__host__ __device__ constexpr int gemv_smem_bytes(int m, int k_tiles_per_split) {
+  return m * k_tiles_per_split * kTileK * 2;
+}
+
+// One stage (one tile of the thread's row: 4 groups of 16 columns) against M rows of x. x points at this thread's
+// 64 columns of the tile in row 0; rows are x_stride halves apart.
+template <class Format, int M>
+__device__ __forceinline__ void gemv_stage(const typename Format::Stage& s, const uint16_t* x, int x_stride,
+                                           float (&acc)[M]) {
+  float scale[4];
+  Format::gemv_scales(s, scale);
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    uint32_t w[8];
+    Format::gemv_decode(s, g, w);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4* xv = reinterpret_cast<const uint4*>(x + m * x_stride + g * 16);
+      const uint4 a = xv[0], b = xv[1];
+      uint32_t sum = hmul2(w[0], a.x);
+      sum = hfma2(w[1], a.y, sum);
+      sum = hfma2(w[2], a.z, sum);
+      sum = hfma2(w[3], a.w, sum);
+      sum = hfma2(w[4], b.x, sum);
+      sum = hfma2(w[5], b.y, sum);
+      sum = hfma2(w[6], b.z, sum);
+      sum = hfma2(w[7], b.w, sum);
+      const float2 f = half2_to_float2(sum);
+      acc[m] = fmaf(f.x + f.y, scale[g], acc[m]);
+    }
+  }
+}
+
+__device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, float v) {
+  float out = v * p.row_scale[n];
+  if (p.bias) out += half2_to_float2(uint32_t(p.bias[n])).x;
+  p.y[int64_t(m) * p.N + n] = uint16_t(float2_to_half2_rn(out, 0.f) & 0xFFFFu);
+}
+
+// Grid: (ceil(n_tiles / kGemvStrips), splits); block kGemvThreads; dynamic smem gemv_smem_bytes(M, k_tiles_per_split).
+// M is the exact row count (p.M == M).
+template <class Format, int M>
+__global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(M)) weight_gemv_kernel(const GemmParams p) {
+  static_assert(M >= 1 && M <= kGemvMaxM, "GEMV rows");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem_raw);  // [M][k_tiles_per_split · 128]
+  __shared__ float upper_half_sums[kGemvStrips * kTileN][M];
+  __shared__ int arrived_last;
+  constexpr int kRing = Format::kGemvStagesInFlight;
+
+  const int tid = threadIdx.x, strip = tid / kThreads, strip_tid = tid % kThreads;
+  const int n_tiles = (p.N + kTileN - 1) / kTileN;
+  const int n_tile = blockIdx.x * kGemvStrips + strip, split = blockIdx.y;
+  const bool strip_valid = n_tile < n_tiles;
+  const int kt_begin = split * p.k_tiles_per_split;
+  const int kt_count = min(p.k_tiles_per_split, p.k_tiles - kt_begin);
+  const uint8_t* chunks = p.weight_tiles + (int64_t(n_tile) * p.k_tiles + kt_begin) * Format::kChunkBytes;
+
+  // Weights first, so that they are in flight while x is staged.
+  typename Format::Stage ring[kRing];
+#pragma unroll
+  for (int s = 0; s < kRing; ++s)
+    if (strip_valid && s < kt_count) Format::load(ring[s], chunks + int64_t(s) * Format::kChunkBytes, strip_tid);
+
+  const int x_stride = p.k_tiles_per_split * kTileK;
+  const int x_vectors_per_row = kt_count * (kTileK / 8);
+  for (int q = tid; q < M * x_vectors_per_row; q += kGemvThreads) {
+    const int m = q / x_vectors_per_row, c = (q - m * x_vectors_per_row) * 8, k = kt_begin * kTileK + c;
+    // K is a multiple of 16: a vector of 8 is wholly inside or outside; outside (tile padding) reads as zero.
+    const uint4 v = k < p.K ? *reinterpret_cast<const uint4*>(p.x + int64_t(m) * p.ldx + k) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(xs + m * x_stride + c) = v;
+  }
+  __syncthreads();
+
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  if (strip_valid) {
+    const uint16_t* x_half = xs + (strip_tid / kTileN) * 64;
+    for (int i0 = 0; i0 < kt_count; i0 += kRing) {
+#pragma unroll
+      for (int s = 0; s < kRing; ++s) {
+        const int i = i0 + s;
+        if (i >= kt_count) break;
+        const typename Format::Stage stage = ring[s];
+        if (i + kRing < kt_count) Format::load(ring[s], chunks + int64_t(i + kRing) * Format::kChunkBytes, strip_tid);
+        gemv_stage<Format, M>(stage, x_half + i * kTileK, x_stride, acc);
+      }
+    }
+  }
+
+  // Column half 1 hands its sums to column half 0 (fixed order: half 0 + half 1).
+  const int block_row = strip * kTileN + strip_tid % kTileN;
+  const bool owner = strip_valid && strip_tid < kTileN;
+  if (strip_tid >= kTileN) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) upper_half_sums[block_row][m] = acc[m];
+  }
+  __syncthreads();
+  const int n = n_tile * kTileN + strip_tid % kTileN;
+  if (owner) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = (acc[m] + upper_half_sums[block_row][m]) * Format::kGemvAccFactor;
+  }
+  if (p.splits == 1) {
+    if (owner && n < p.N) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store_one(p, m, n, acc[m]);
+    }
+    return;
+  }
+
+  const int64_t np = int64_t(n_tiles) * kTileN;
+  if (owner) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) p.partials[(int64_t(split) * M + m) * np + n] = acc[m];
+  }
+  __threadfence();
+  __syncthreads();
+  int* counter = p.counters + blockIdx.x * kGemvStrips * kMaxSplitMTiles;  // the first strip's first semaphore
+  if (tid == 0) {
+    const int arrived = atomicAdd(counter, 1);
+    arrived_last = arrived == p.splits - 1;
+    if (arrived_last) *counter = 0;  // leave the semaphore at zero for the next launch
+  }
+  __syncthreads();
+  if (!arrived_last) return;
+  __threadfence();
+  if (owner && n < p.N) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float sum = 0.f;
+      for (int s = 0; s < p.splits; ++s) sum += __ldcg(p.partials + (int64_t(s) * M + m) * np + n);
+      store_one(p, m, n, sum);
+    }
   }
 }
 

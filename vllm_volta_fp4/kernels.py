@@ -5,7 +5,10 @@ csrc/weight_gemm.cuh) and ``*_linear`` per forward. Tile shapes, the MMA atom an
 kernel and dequantize + cuBLAS live in C++; Python passes only:
   * ``mma``: 0 = by compute capability (7.x → Volta m8n8k4, ≥ 8.0 → m16n8k16), 70 or 80 to force one; the
     environment variable VLLM_VOLTA_FP4_MMA=sm70|sm80 sets the default (the H200 runs the Volta path that way).
-  * ``path``: 0 = by M, 1 = fused kernel, 2 = dequantize + cuBLAS (tests and benchmarks pin one).
+  * ``path``: 0 = by M, 1 = fused kernel, 2 = dequantize + cuBLAS, 3 = CUDA-core GEMV for M <= 8 (tests and
+    benchmarks pin one). ``auto`` takes the GEMV for M <= 4 on compute capability 7.x and M <= 8 on 8.0+
+    (VLLM_VOLTA_FP4_GEMV_MAX_M overrides; 0 disables it), the fused kernel up to M = 64 and dequantize + cuBLAS
+    beyond (VLLM_VOLTA_FP4_CUBLAS_MIN_M). The GEMV ignores ``mma``.
 Fake (meta) implementations are registered so torch.compile / vLLM's compilation can trace the ops.
 """
 
@@ -16,7 +19,7 @@ import os
 
 import torch
 
-PATH_AUTO, PATH_FUSED, PATH_DEQUANT_CUBLAS = 0, 1, 2
+PATH_AUTO, PATH_FUSED, PATH_DEQUANT_CUBLAS, PATH_GEMV = 0, 1, 2, 3
 _MMA_BY_NAME = {"": 0, "auto": 0, "sm70": 70, "sm80": 80}
 
 

@@ -1,4 +1,5 @@
-"""The CUDA GEMMs against the float64 reference: both MMA atoms, both paths, NVFP4 and FP8 weights.
+"""The CUDA GEMMs against the float64 reference: both MMA atoms, all paths (fused, dequantize + cuBLAS, the
+CUDA-core GEMV for M <= 8, auto), NVFP4 and FP8 weights.
 
 Every case draws fresh random data, poisons the output memory with NaN first (the op allocates its output from
 the caching allocator, which hands back the freed poisoned block) and checks that every element was written,
@@ -20,7 +21,8 @@ pytestmark = [
 
 # fp16 output rounding (2^-11 relative) dominates; fp32 accumulation is far below it.
 REL_TOL = 2e-3
-M_VALUES = [1, 2, 3, 8, 16, 17, 64, 255, 2048]
+M_VALUES = [1, 2, 3, 4, 5, 8, 16, 17, 64, 255, 2048]
+GEMV_MAX_M = 8  # kGemvMaxM in csrc/weight_gemm.cuh: PATH_GEMV takes M <= 8
 # (N, K): Qwen3.8-27B shapes (o_proj, down_proj) and odd multiples of 16 (not multiples of the 64 × 128 tile).
 SHAPES = [(5120, 6144), (5120, 17408), (208, 400), (1040, 5136)]
 ATOMS = [70, 80]
@@ -28,6 +30,21 @@ ATOMS = [70, 80]
 
 def _device_atoms() -> list[int]:
     return ATOMS if torch.cuda.get_device_capability()[0] >= 8 else [70]
+
+
+def _mma_values(path: int) -> list[int | None]:
+    """The fused kernel runs once per MMA atom; the other paths have no atom to choose."""
+    return _device_atoms() if path == kernels.PATH_FUSED else [None]
+
+
+def path_and_m(paths, m_values):
+    """(path, M) parameters: every M for the fused and dequantize paths, M <= GEMV_MAX_M for the GEMV."""
+    return [
+        pytest.param(path, m, id=f"{name}-M{m}")
+        for path, name in paths
+        for m in m_values
+        if path != kernels.PATH_GEMV or m <= GEMV_MAX_M
+    ]
 
 
 def merged_nvfp4(n: int, k: int, device: torch.device, generator: torch.Generator):
@@ -81,21 +98,22 @@ def run_case(prepared_weight, op, m, n, k, w_ref, bias_on, mma, path, device):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}xK{s[1]}")
-@pytest.mark.parametrize("m", M_VALUES)
+@pytest.mark.parametrize("path, m", path_and_m([(kernels.PATH_FUSED, "fused"), (kernels.PATH_GEMV, "gemv")], M_VALUES))
 @pytest.mark.parametrize("bias_on", [False, True], ids=["nobias", "bias"])
-def test_nvfp4_fused_both_atoms(nvfp4_weights, shape, m, bias_on, device):
+def test_nvfp4_kernels(nvfp4_weights, shape, path, m, bias_on, device):
+    """The fused kernel (both atoms) and the GEMV: exact M handling, odd shapes, per-row scales, split-K."""
     n, k = shape
     packed, block_scale, global_scale = nvfp4_weights[shape]
     prepared = kernels.prepare_nvfp4(packed, block_scale, global_scale)
     w = dequantize_nvfp4(packed, block_scale, global_scale)
-    for mma in _device_atoms():
-        x, bias, y = run_case(prepared, kernels.nvfp4_linear, m, n, k, w, bias_on, mma, kernels.PATH_FUSED, device)
-        again = kernels.nvfp4_linear(x, prepared, bias, mma=mma, path=kernels.PATH_FUSED)
-        assert torch.equal(y, again), f"mma={mma}: two runs on the same input differ (race?)"
+    for mma in _mma_values(path):
+        x, bias, y = run_case(prepared, kernels.nvfp4_linear, m, n, k, w, bias_on, mma, path, device)
+        again = kernels.nvfp4_linear(x, prepared, bias, mma=mma, path=path)
+        assert torch.equal(y, again), f"path={path} mma={mma}: two runs on the same input differ (race?)"
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}xK{s[1]}")
-@pytest.mark.parametrize("m", [1, 17, 255, 2048])
+@pytest.mark.parametrize("m", [1, 5, 17, 255, 2048])
 @pytest.mark.parametrize("path", [kernels.PATH_DEQUANT_CUBLAS, kernels.PATH_AUTO], ids=["dequant_cublas", "auto"])
 def test_nvfp4_other_paths(nvfp4_weights, shape, m, path, device):
     n, k = shape
@@ -106,14 +124,19 @@ def test_nvfp4_other_paths(nvfp4_weights, shape, m, path, device):
 
 
 @pytest.mark.parametrize("shape", [(5120, 6144), (208, 400), (1040, 5136)], ids=lambda s: f"N{s[0]}xK{s[1]}")
-@pytest.mark.parametrize("m", M_VALUES)
-@pytest.mark.parametrize("path", [kernels.PATH_FUSED, kernels.PATH_DEQUANT_CUBLAS], ids=["fused", "dequant_cublas"])
-def test_fp8(shape, m, path, device):
+@pytest.mark.parametrize(
+    "path, m",
+    path_and_m(
+        [(kernels.PATH_FUSED, "fused"), (kernels.PATH_DEQUANT_CUBLAS, "dequant_cublas"), (kernels.PATH_GEMV, "gemv")],
+        M_VALUES,
+    ),
+)
+def test_fp8(shape, path, m, device):
     n, k = shape
     weight, scale = quantize_fp8(torch.randn(n, k, device=device) * 0.05, per_channel=True)
     prepared = kernels.prepare_fp8(weight, scale)
     w = dequantize_fp8(weight, scale)
-    for mma in _device_atoms() if path == kernels.PATH_FUSED else [None]:
+    for mma in _mma_values(path):
         run_case(prepared, kernels.fp8_linear, m, n, k, w, m % 2 == 1, mma, path, device)
 
 
@@ -125,9 +148,10 @@ def test_scalar_global_scale_and_strided_inputs(device):
     wide = torch.randn(5, k + 16, device=device).to(torch.float16)[:, :k]  # row stride k + 16, loadable in place
     transposed = torch.randn(k, 7, device=device).to(torch.float16).t()  # column stride ≠ 1: copied first
     batched = torch.randn(2, 3, k, device=device).to(torch.float16)
+    variants = [(mma, kernels.PATH_FUSED) for mma in _device_atoms()] + [(None, kernels.PATH_GEMV), (None, kernels.PATH_AUTO)]
     for x in (wide, transposed, batched):
-        for mma in _device_atoms():
-            y = kernels.nvfp4_linear(x, prepared, None, mma=mma)
+        for mma, path in variants:
+            y = kernels.nvfp4_linear(x, prepared, None, mma=mma, path=path)
             assert y.shape == (*x.shape[:-1], n)
             check_against_reference(y.reshape(-1, n), x.reshape(-1, k), w, None)
 
@@ -147,6 +171,8 @@ def test_input_validation(device):
         kernels.nvfp4_linear(torch.randn(2, 256, device=device).half(), prepared)
     with pytest.raises(RuntimeError, match="bias"):
         kernels.nvfp4_linear(torch.randn(2, 128, device=device).half(), prepared, torch.zeros(63, device=device).half())
+    with pytest.raises(RuntimeError, match="GEMV"):
+        kernels.nvfp4_linear(torch.randn(GEMV_MAX_M + 1, 128, device=device).half(), prepared, path=kernels.PATH_GEMV)
     with pytest.raises(RuntimeError, match="multiples of 16"):
         kernels.prepare_nvfp4(q.packed[:, :60], q.block_scale[:, :7], q.global_scale)
 
