@@ -14,14 +14,14 @@ step build
 source benchmarks/gpu_build.sh
 
 step "GPU tests"
-timeout 200 python3 -m pytest -q -n 4 tests/gpu -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1 || status=1
+timeout 150 python3 -m pytest -q -n 4 tests/gpu -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1 || status=1
 tail -4 "$OUT/gpu-tests.log"
 
 step "install the vLLM kit"
 source benchmarks/gpu_kit_install.sh
 
 step "vLLM end to end: NVFP4 checkpoints through volta_nvfp4"
-PYTHONPATH=$SITE:$PYTHONPATH timeout 150 python3 benchmarks/nvfp4_e2e.py --kit .gpu-kit > "$OUT/nvfp4-e2e.log" 2>&1 || status=1
+PYTHONPATH=$SITE:$PYTHONPATH timeout 120 python3 benchmarks/nvfp4_e2e.py --kit .gpu-kit > "$OUT/nvfp4-e2e.log" 2>&1 || status=1
 grep -E "extension available|tokens matching|NVFP4-E2E|Error" "$OUT/nvfp4-e2e.log" | head -20
 
 if want attention-e2e; then
@@ -35,7 +35,7 @@ timeout 30 python3 -m vllm_volta_fp4.cli doctor > "$OUT/doctor.log" 2>&1; cat "$
 
 if want bench; then
   step "GEMM benchmark (quick)"
-  timeout 120 python3 benchmarks/bench_gemm.py --quick --out "$OUT/gemm-h200-quick.md" --commit "${COMMIT:-uncommitted}" \
+  timeout 110 python3 benchmarks/bench_gemm.py --quick --out "$OUT/gemm-h200-quick.md" --commit "${COMMIT:-uncommitted}" \
     > "$OUT/bench.log" 2>&1 || status=1
   [[ -f "$OUT/gemm-h200-quick.md" ]] && cat "$OUT/gemm-h200-quick.md" || tail -5 "$OUT/bench.log"
 fi
