@@ -26,18 +26,16 @@ enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3
 //   slots/s over both pipes; 870 GB/s ÷ 0.5625 B/weight = 1.55 T weights/s): 10.1 issue slots and 5.1 FMA-pipe
 //   lane-ops per weight at full bandwidth. At a realistic ~60 % issue efficiency 2.3 + 0.9·M ≤ 6.1 gives M ≤ 4.2
 //   (the FMA pipe alone, 0.75·M ≤ 5.1 at full rate, allows M ≤ 6) → default 4.
-//   sm_80+ : the tensor-core alternative (fused kernel) is itself far from the bandwidth there (31–61 % of copy on
-//   the H200 at M ≤ 8, benchmarks/results/gemm-h200.md), so the GEMV should be ahead at small M and about tie at
-//   M = 8, where it becomes issue-bound (H200: ≈ 9.5 instructions per weight, ~21 µs for qkv at full issue,
-//   ~30–35 µs at 60–70 %, vs 31.7 µs fused) → default 8 (the crossover may be lower: set it from
-//   bench_gemm.py's gemv column, as for VLLM_VOLTA_FP4_CUBLAS_MIN_M).
+//   sm_80+ : measured on the H200 (benchmarks/results/gemm-h200-quick.md, qkv / o_proj): GEMV vs fused µs at
+//   M = 1: 19.1 / 30.5 and 11.6 / 17.0; M = 4: 30.8 / 31.0 and 18.1 / 17.0; M = 8: 46.0 / 32.1 and 25.9 / 17.5.
+//   The GEMV grows by ~3.9 µs (qkv) per row of x, so it is ahead up to M = 3 → default 3.
 int64_t gemv_max_m(const at::Device& device) {
   static const int64_t from_env = [] {
     const char* env = std::getenv("VLLM_VOLTA_FP4_GEMV_MAX_M");
     return env ? std::atoll(env) : int64_t(-1);
   }();
   if (from_env >= 0) return std::min<int64_t>(from_env, kGemvMaxM);
-  return at::cuda::getDeviceProperties(device.index())->major < 8 ? 4 : 8;
+  return at::cuda::getDeviceProperties(device.index())->major < 8 ? 4 : 3;
 }
 
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200
