@@ -17,6 +17,33 @@ import pytest
 from vllm_volta_fp4.tiny_model import FORMATS, make_tiny_checkpoint
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def load_sm70_check():
+    """tools/sm70_check.py as a module (it is a script, not part of the package)."""
+    if "sm70_check" not in sys.modules:
+        from pathlib import Path
+
+        spec = importlib.util.spec_from_file_location(
+            "sm70_check", Path(__file__).resolve().parents[1] / "tools" / "sm70_check.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["sm70_check"]
+
+
+@pytest.fixture
+def sm70_toolchain():
+    """(libnvrtc, ptxas) of CUDA 12.9; without them the test fails under CI (which installs them) and skips
+    elsewhere."""
+    sm70_check = load_sm70_check()
+    try:
+        return sm70_check.find_toolchain()
+    except sm70_check.ToolchainMissing as missing:
+        if IN_CI:
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
 requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 
 

@@ -8,22 +8,13 @@ HMMA instruction. Missing tools fail the test under CI (CI=true) and skip it els
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
-import pytest
+from tests.conftest import load_sm70_check
 
-_CHECKER = Path(__file__).resolve().parents[1] / "tools" / "sm70_check.py"
-if "sm70_check" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("sm70_check", _CHECKER)
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = _module  # dataclasses look their module up there
-    _spec.loader.exec_module(_module)
-sm70_check = sys.modules["sm70_check"]
+sm70_check = load_sm70_check()
 
 HEAD_SIZES = (64, 128, 256)
 
@@ -40,13 +31,8 @@ def attention_kernel_source() -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_attention_kernels_compile_clean_for_sm70():
-    try:
-        libnvrtc, ptxas = sm70_check.find_toolchain()
-    except sm70_check.ToolchainMissing as missing:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(str(missing))
-        pytest.skip(str(missing))
+def test_attention_kernels_compile_clean_for_sm70(sm70_toolchain):
+    libnvrtc, ptxas = sm70_toolchain
     ptx = sm70_check.nvrtc_compile(libnvrtc, attention_kernel_source())
     smem_of_head_size = {int(d): int(v) for d, v in re.findall(r"attention_smem_bytes_d(\d+)\s*=\s*(\d+)", ptx)}
     assert sorted(smem_of_head_size) == list(HEAD_SIZES)

@@ -207,21 +207,15 @@ def test_k_not_a_multiple_of_16_is_refused(fresh_checkpoint):
     _expect_error(directory, shard.name, f"{GATE}.weight", "K=24 is not a multiple of 16")
 
 
-def test_truncated_shard_is_refused_before_loading(fresh_checkpoint):
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda data: data[: len(data) - 100], "truncated"),
+    (lambda data: b"\xff" * 64, "not a readable safetensors file"),
+])
+def test_damaged_shards_are_refused_before_loading(fresh_checkpoint, damage, message):
     directory = fresh_checkpoint()
     shard = Checkpoint(directory).tensors[f"{GATE}.weight"].file
-    data = shard.read_bytes()
-    shard.write_bytes(data[: len(data) - 100])
-    with pytest.raises(CheckpointError, match="truncated") as error:
-        Checkpoint(directory)
-    assert shard.name in str(error.value)
-
-
-def test_corrupt_header_is_refused(fresh_checkpoint):
-    directory = fresh_checkpoint()
-    shard = Checkpoint(directory).tensors[f"{GATE}.weight"].file
-    shard.write_bytes(b"\xff" * 64)
-    with pytest.raises(CheckpointError, match="not a readable safetensors file") as error:
+    shard.write_bytes(damage(shard.read_bytes()))
+    with pytest.raises(CheckpointError, match=message) as error:
         Checkpoint(directory)
     assert shard.name in str(error.value)
 

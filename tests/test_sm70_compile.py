@@ -5,27 +5,13 @@ tools/sm70_check.py. Missing tools fail the test under CI (CI=true) and skip it 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from pathlib import Path
+from tests.conftest import load_sm70_check
 
-import pytest
-
-_CHECKER = Path(__file__).resolve().parents[1] / "tools" / "sm70_check.py"
-_spec = importlib.util.spec_from_file_location("sm70_check", _CHECKER)
-sm70_check = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = sm70_check  # dataclasses look their module up there
-_spec.loader.exec_module(sm70_check)
+sm70_check = load_sm70_check()
 
 
-def test_kernels_compile_clean_for_sm70():
-    try:
-        reports, failures = sm70_check.check()
-    except sm70_check.ToolchainMissing as missing:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(str(missing))
-        pytest.skip(str(missing))
+def test_kernels_compile_clean_for_sm70(sm70_toolchain):
+    reports, failures = sm70_check.check()
     for report in reports:
         print(f"{sm70_check.readable(report.name)}: {report.registers} registers, {report.spill_bytes} B spilled, "
               f"{report.static_smem + report.dynamic_smem} B shared memory")
