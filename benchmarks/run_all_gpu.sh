@@ -2,7 +2,7 @@
 # One device call for everything GPU-side, most important first, each step under its own time limit:
 # build the extension, GPU tests, vLLM end to end with the plugin (NVFP4 GEMMs + attention backend), the attention
 # backend end to end, a quick GEMM benchmark. Needs the shared gpu-vllm-kit made here into .gpu-kit and carried:
-#   bash ../shared/tools/gpu-vllm-kit/make_kit.sh .gpu-kit ;  device run, carry [".gpu-kit"]:
+#   bash benchmarks/make_gpu_kit.sh ;  device run, carry [".gpu-kit"]:
 #   COMMIT=$(git rev-parse --short HEAD) bash benchmarks/run_all_gpu.sh [no-attention-e2e] [no-bench]
 set -uo pipefail
 want() { [[ " $ARGS " != *" no-$1 "* ]]; }

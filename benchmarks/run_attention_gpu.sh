@@ -3,7 +3,7 @@
 # tests, run the attention benchmark. Logs and the table go to $OUT.
 # Usage: benchmarks/run_attention_gpu.sh [quick] [e2e | e2e-only]
 #   e2e: also run vLLM end to end with our backend (benchmarks/attention_e2e.py); needs the shared gpu-vllm-kit
-#   made here into .gpu-kit (bash ../shared/tools/gpu-vllm-kit/make_kit.sh .gpu-kit) and carried: carry [".gpu-kit"].
+#   made here into .gpu-kit (bash benchmarks/make_gpu_kit.sh) and carried: carry [".gpu-kit"].
 set -uo pipefail
 source benchmarks/gpu_build.sh
 tests_rc=0 bench_rc=0
