@@ -300,3 +300,25 @@ def test_every_tiny_format_validates_for_qwen3_too(tmp_path, fmt):
 
     modules = Checkpoint(make_tiny_checkpoint(tmp_path / fmt, "qwen3", fmt)).validate()
     assert sum(scheme.kind != UNQUANTIZED for scheme in modules.values()) == 14
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_qwen3_5_hybrid_checkpoints_keep_their_real_exclusions(tmp_path, fmt):
+    """Gated-DeltaNet hybrid (3 GDN + 1 gated full-attention layer, a vision tower): the decoder projections are
+    quantized, the GDN b/a projections, the vision tower, lm_head and embeddings stay 16-bit, and conv1d, A_log,
+    dt_bias and the norms are not linear layers at all — the checkpoint validates without complaint."""
+    from vllm_volta_fp4.tiny_model import make_tiny_checkpoint
+
+    modules = Checkpoint(make_tiny_checkpoint(tmp_path / fmt, "qwen3_5", fmt)).validate()
+    gdn, full = "model.language_model.layers.0.linear_attn", "model.language_model.layers.3.self_attn"
+    attention_kind = FP8 if fmt == "modelopt-mixed" else NVFP4
+    for name in ("in_proj_qkv", "in_proj_z", "out_proj"):
+        assert modules[f"{gdn}.{name}"].kind == attention_kind
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert modules[f"{full}.{name}"].kind == attention_kind
+    assert modules["model.language_model.layers.2.mlp.down_proj"].kind == NVFP4
+    for name in (f"{gdn}.in_proj_a", f"{gdn}.in_proj_b", "model.visual.blocks.0.attn.qkv",
+                 "model.visual.merger.linear_fc1", "lm_head", "model.language_model.embed_tokens"):
+        assert modules[name].kind == UNQUANTIZED, name
+    assert not any(part in name for name in modules for part in ("conv1d", "A_log", "dt_bias", "norm"))
+    assert sum(scheme.kind != UNQUANTIZED for scheme in modules.values()) == 25  # 3 × 6 + 7

@@ -10,8 +10,11 @@ import sys
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
+from vllm_volta_fp4.checkpoint import Checkpoint
 from vllm_volta_fp4.cli import main
+from vllm_volta_fp4.convert import convert_to_dense
 from vllm_volta_fp4.nvfp4 import dequantize_fp8, dequantize_nvfp4
 from vllm_volta_fp4.tiny_model import FORMATS
 
@@ -98,3 +101,23 @@ def test_refuses_to_overwrite_without_force_and_shows_progress(tiny_checkpoints,
     assert refused.returncode == 2 and "--force" in refused.stderr and marker.exists()
     assert convert("--force").returncode == 0
     assert not marker.exists() and len(read_all(dst)) == converted
+
+
+def test_qwen3_5_hybrid_converts_and_runs_in_transformers(tmp_path):
+    """The Gated-DeltaNet hybrid with its vision tower converts to a dense checkpoint transformers loads and runs
+    (text only); 16-bit tensors (vision tower, GDN b/a, conv1d, A_log) pass through unchanged."""
+    transformers = pytest.importorskip("transformers")
+    from vllm_volta_fp4.tiny_model import make_tiny_checkpoint
+
+    source = make_tiny_checkpoint(tmp_path / "q35", "qwen3_5", "ct-w4a16")
+    dense = convert_to_dense(source, tmp_path / "q35-dense", dtype=torch.float32)
+    checkpoint = Checkpoint(source)
+    for name in ("model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.0.linear_attn.in_proj_b.weight",
+                 "model.language_model.layers.0.linear_attn.conv1d.weight",
+                 "model.language_model.layers.0.linear_attn.A_log"):
+        written = load_file(dense / json.loads((dense / "model.safetensors.index.json").read_text())["weight_map"][name])
+        assert torch.equal(written[name], checkpoint.load(name).float()), name
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(dense, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[5, 17, 42, 99, 7]])).logits
+    assert logits.shape[-1] == model.config.text_config.vocab_size and torch.isfinite(logits).all()

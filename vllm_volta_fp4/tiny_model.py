@@ -9,6 +9,7 @@ and up) are quantized separately, so each shard of a fused layer has its own glo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from safetensors.torch import save_file
 from vllm_volta_fp4.nvfp4 import quantize_fp8, quantize_nvfp4
 
 FORMATS = ("modelopt-nvfp4", "modelopt-w4a16", "modelopt-mixed", "ct-w4a16", "ct-w4a4")
-ARCHS = ("llama", "qwen3")
+ARCHS = ("llama", "qwen3", "qwen3_5")
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,44 @@ def random_weights(arch: TinyArch, vocab: int, seed: int = 0) -> dict[str, torch
     return weights
 
 
+# Decoder-layer projections are quantized; what real NVFP4 exports of Qwen3.5 leave in 16 bits is excluded: the
+# Gated-DeltaNet b/a projections (tiny, precision-critical), the vision tower and lm_head. Everything else that is not
+# a projection (norms, conv1d, A_log, dt_bias, embeddings) is never a quantization target.
+_DECODER_PROJECTION = re.compile(r"^model\.(language_model\.)?layers\.\d+\.(self_attn|linear_attn|mlp)\.\w*proj\w*\.weight$")
+_LEFT_IN_16_BITS = re.compile(r".*\.linear_attn\.in_proj_[ab]\.weight$")
+MODELOPT_EXCLUDES = ["lm_head", "model.visual*", "*.linear_attn.in_proj_a", "*.linear_attn.in_proj_b"]
+CT_IGNORE = ["lm_head", "re:model\\.visual\\..*", "re:.*\\.linear_attn\\.in_proj_[ab]$"]
+
+
+def _qwen3_5_weights_and_config(vocab: int, seed: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """A tiny Qwen3_5ForConditionalGeneration (3 Gated-DeltaNet layers + 1 gated full-attention layer, a one-block
+    vision tower) initialised by transformers itself, so tensor names and shapes are exactly what it saves."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = dict(vocab_size=vocab, hidden_size=256, intermediate_size=640, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, full_attention_interval=4,
+                layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=4096,
+                tie_word_embeddings=False, eos_token_id=0, bos_token_id=1, pad_token_id=3,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                                 "mrope_interleaved": True, "mrope_section": [4, 2, 2]})
+    vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3, num_position_embeddings=64)
+    special = {"image_token_id": vocab - 4, "video_token_id": vocab - 3, "vision_start_token_id": vocab - 2,
+               "vision_end_token_id": vocab - 1}
+    config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False, **special)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config)
+    weights = {name: tensor.detach().float().contiguous() for name, tensor in model.state_dict().items()}
+    return weights, config.to_dict()
+
+
 def _is_quantized_linear(name: str) -> bool:
-    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+    return bool(_DECODER_PROJECTION.match(name)) and not _LEFT_IN_16_BITS.match(name)
+
+
+def _is_attention(name: str) -> bool:
+    return ".self_attn." in name or ".linear_attn." in name
 
 
 def _quantize_tensors(weights: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
@@ -125,7 +162,7 @@ def _quantize_tensors(weights: dict[str, torch.Tensor], fmt: str) -> dict[str, t
         if not _is_quantized_linear(name):
             out[name] = tensor.to(torch.float16)
             continue
-        if fmt == "modelopt-mixed" and ".self_attn." in name:
+        if fmt == "modelopt-mixed" and _is_attention(name):
             fp8_weight, scale = quantize_fp8(tensor)
             out.update({f"{module}.weight": fp8_weight, f"{module}.weight_scale": scale.reshape(()),
                         f"{module}.input_scale": torch.tensor(0.05)})
@@ -150,14 +187,14 @@ def _quant_config(fmt: str, weights: dict[str, torch.Tensor]) -> tuple[str, dict
     (used here for W4A16 and mixed) and compressed-tensors put the config in config.json."""
     if fmt == "modelopt-nvfp4":
         return "hf_quant_config.json", {"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": {
-            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": ["lm_head"]}}
+            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": MODELOPT_EXCLUDES}}
     if fmt.startswith("modelopt"):
         config = {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4" if fmt == "modelopt-w4a16" else
-                  "MIXED_PRECISION", "group_size": 16, "ignore": ["lm_head"], "producer": {"name": "modelopt",
+                  "MIXED_PRECISION", "group_size": 16, "ignore": MODELOPT_EXCLUDES, "producer": {"name": "modelopt",
                   "version": "0.39.0"}}
         if fmt == "modelopt-mixed":
             config["quantized_layers"] = {
-                name.removesuffix(".weight"): ({"quant_algo": "FP8"} if ".self_attn." in name
+                name.removesuffix(".weight"): ({"quant_algo": "FP8"} if _is_attention(name)
                                                else {"quant_algo": "NVFP4", "group_size": 16})
                 for name in weights if _is_quantized_linear(name)}
         return "config.json", config
@@ -167,7 +204,7 @@ def _quant_config(fmt: str, weights: dict[str, torch.Tensor]) -> tuple[str, dict
              "input_activations": {**fp4, "dynamic": "local"} if fmt == "ct-w4a4" else None}
     return "config.json", {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
                            "quantization_status": "compressed", "config_groups": {"group_0": group},
-                           "ignore": ["lm_head"]}
+                           "ignore": CT_IGNORE}
 
 
 def save_sharded(tensors: dict[str, torch.Tensor], dest: Path, shards: int = 2) -> None:
@@ -187,13 +224,15 @@ def save_sharded(tensors: dict[str, torch.Tensor], dest: Path, shards: int = 2) 
 
 def make_tiny_checkpoint(dest: str | Path, arch: str = "llama", fmt: str = "modelopt-nvfp4", seed: int = 0) -> Path:
     """Write a tiny random model of ``arch`` as an NVFP4 checkpoint in producer format ``fmt``."""
-    if arch not in _ARCHS or fmt not in FORMATS:
+    if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and fmt one of {FORMATS}")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(dest)
-    weights = random_weights(_ARCHS[arch], vocab, seed)
-    config = _hf_config(_ARCHS[arch], vocab)
+    if arch == "qwen3_5":
+        weights, config = _qwen3_5_weights_and_config(vocab, seed)
+    else:
+        weights, config = random_weights(_ARCHS[arch], vocab, seed), _hf_config(_ARCHS[arch], vocab)
     config_file, quant_config = _quant_config(fmt, weights)
     if config_file == "config.json":
         config["quantization_config"] = quant_config
