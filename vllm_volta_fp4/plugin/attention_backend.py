@@ -1,10 +1,10 @@
 """The VOLTA_HMMA attention backend: vLLM's paged attention on our HMMA kernels (vllm_volta_fp4.attention).
 
 Registered under vLLM's ``CUSTOM`` backend slot by ``register_attention_backend()`` (called from the general
-plugin, so in every vLLM process). Select it explicitly with ``--attention-backend CUSTOM``; on compute
-capability 7.x the platform plugin ``volta_platform`` (entry point group ``vllm.platform_plugins``) picks it
-when no backend was asked for. Fall back to vLLM's own choice with ``--attention-backend TRITON_ATTN`` or
-``VLLM_VOLTA_FP4_ATTENTION=0``.
+plugin, so in every vLLM process). Select it explicitly with ``--attention-backend CUSTOM``. ``volta_platform``
+below is the platform plugin that will pick it on compute capability 7.x when no backend was asked for; it is not
+yet installed as a ``vllm.platform_plugins`` entry point (that waits for a run under vLLM 0.19.1, the V100 pin).
+``VLLM_VOLTA_FP4_ATTENTION=0`` will switch that automatic choice off.
 
 Scope: decoder self-attention, causal, fp16 queries and fp16 KV cache, head_size 64 / 128 / 256, any block
 size that is a multiple of 16, sliding window; no ALiBi, logits soft-cap, attention sinks, fp8 KV cache or
