@@ -2,9 +2,10 @@
 # Here (CPU machine): builds .gpu-kit, what the GPU machine lacks to run a real vLLM with this plugin — vLLM's
 # pure-Python part and the wheels it imports (the shared gpu-vllm-kit), plus compressed-tensors and loguru, which
 # vLLM imports as soon as a model is quantized. Usage: bash benchmarks/make_gpu_kit.sh [VLLM_VERSION] (default 0.20.2)
+# Writes .gpu-kit-VLLM_VERSION (one per version, so that one device call can carry both: ~22 MB each).
 set -euo pipefail
 version=${1:-0.20.2}
-kit=.gpu-kit
+kit=.gpu-kit-$version
 PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 VLLM_VERSION=$version PYTHON=$PYTHON bash ../shared/tools/gpu-vllm-kit/make_kit.sh "$kit"
 tmp=$(mktemp -d)

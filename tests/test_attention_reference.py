@@ -187,3 +187,15 @@ def test_platform_plugin_stays_off_without_a_volta_gpu(backend_module, monkeypat
     assert backend_module.volta_platform().endswith("attention_platform.VoltaCudaPlatform")
     monkeypatch.setenv(backend_module.ENABLE_ENV, "0")
     assert backend_module.volta_platform() is None
+    monkeypatch.setenv(backend_module.ENABLE_ENV, "force")
+    monkeypatch.setattr(backend_module, "_cuda_capability_major", lambda: 9)
+    assert backend_module.volta_platform().endswith("attention_platform.VoltaCudaPlatform")
+    monkeypatch.setattr(backend_module, "_cuda_capability_major", lambda: None)  # no NVIDIA GPU at all
+    assert backend_module.volta_platform() is None
+
+
+def test_platform_plugin_is_an_installed_entry_point():
+    from importlib.metadata import entry_points
+
+    (entry,) = [e for e in entry_points(group="vllm.platform_plugins") if e.name == "volta_attention"]
+    assert entry.value == "vllm_volta_fp4.plugin.attention_backend:volta_platform"

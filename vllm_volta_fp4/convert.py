@@ -39,18 +39,22 @@ class Progress:
             print(f"\r{self.label}: {self.done}/{self.total} {note[:60]:<60}", end=end, file=self.stream, flush=True)
 
 
-def _dense_plan(checkpoint: Checkpoint, dtype: torch.dtype) -> list[tuple[str, Callable[[], torch.Tensor]]]:
-    """(output tensor name, loader) for the dense model; each loader reads and converts one module."""
+def _dense_plan(checkpoint: Checkpoint, dtype: torch.dtype,
+                device: str = "cpu") -> list[tuple[str, Callable[[], torch.Tensor]]]:
+    """(output tensor name, loader) for the dense model; each loader reads one module, converts it on ``device``
+    and returns it on the CPU."""
     modules = checkpoint.validate()
     plan, consumed = [], set()
     for module, scheme in modules.items():
         if scheme.kind == NVFP4:
             def load(module=module):
                 weight = checkpoint.load_nvfp4(module)
-                return dequantize_nvfp4(weight.packed, weight.block_scale, weight.global_scale, dtype)
+                return dequantize_nvfp4(weight.packed.to(device), weight.block_scale.to(device),
+                                        weight.global_scale.to(device), dtype).cpu()
         elif scheme.kind == FP8:
             def load(module=module):
-                return dequantize_fp8(*checkpoint.load_fp8(module), dtype=dtype)
+                weight, scale = checkpoint.load_fp8(module)
+                return dequantize_fp8(weight.to(device), scale.to(device), dtype=dtype).cpu()
         else:
             continue
         names = checkpoint.format.tensor_names(scheme)
@@ -65,8 +69,10 @@ def _dense_plan(checkpoint: Checkpoint, dtype: torch.dtype) -> list[tuple[str, C
 
 
 def convert_to_dense(src: str | Path, dst: str | Path, *, dtype: torch.dtype = torch.float16,
-                     shard_bytes: int = 4 << 30, force: bool = False, verify: bool = True) -> Path:
-    """Write the dequantized model of checkpoint ``src`` to ``dst``; returns ``dst``."""
+                     shard_bytes: int = 4 << 30, force: bool = False, verify: bool = True,
+                     device: str = "cpu") -> Path:
+    """Write the dequantized model of checkpoint ``src`` to ``dst``; returns ``dst``. ``device`` is where the
+    weights are dequantized (a GPU is much faster for large models); the files are the same either way."""
     src, dst = Path(src), Path(dst)
     checkpoint = Checkpoint(src)
     if dst.exists() and any(dst.iterdir()):
@@ -74,7 +80,7 @@ def convert_to_dense(src: str | Path, dst: str | Path, *, dtype: torch.dtype = t
             raise CheckpointError("exists and is not empty", file=dst, fix="choose another directory or pass --force")
         shutil.rmtree(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    plan = _dense_plan(checkpoint, dtype)
+    plan = _dense_plan(checkpoint, dtype, device)
     progress = Progress(len(plan), "convert")
     shard: dict[str, torch.Tensor] = {}
     shard_files: list[tuple[str, list[str]]] = []

@@ -15,32 +15,89 @@ from dataclasses import asdict, dataclass
 
 DEFAULT_PROMPTS = ["hello world", "the capital of france is", "my name is volta and i", "one two three four"]
 
+# Engine settings that need none of vLLM's compiled kernels (vllm._C): every CustomOp and vLLM-IR op in its native
+# PyTorch form, no torch.compile, no CUDA graphs, no custom all-reduce. That is newer vLLM on a V100 (its wheels have
+# no sm_70 kernels) and the GPU test kit (vLLM's pure-Python part only); the plugin's own kernels are unaffected.
+WITHOUT_VLLM_KERNELS = {
+    "enforce_eager": True,
+    "compilation_config": {"custom_ops": ["none"]},
+    "ir_op_priority": {"rms_norm": ["native"]},  # vLLM >= 0.20; older versions have no IR ops
+    "disable_custom_all_reduce": True,
+}
+
+
+def supported_engine_args(engine_args: dict) -> dict:
+    """``engine_args`` without the settings this vLLM version does not have (e.g. ir_op_priority on 0.19.1)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {field.name for field in dataclasses.fields(EngineArgs)}
+    return {key: value for key, value in engine_args.items() if key in known}
+
+
+def attention_impls(llm) -> set[str]:
+    """Class names of the attention implementations an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+    tensor parallel 1) really runs; empty when they cannot be reached from here."""
+    try:
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    except AttributeError:
+        return set()
+    from torch import nn
+
+    return {type(module.impl).__name__ for module in runner.model.modules()
+            if isinstance(module, nn.Module) and hasattr(module, "impl") and hasattr(module.impl, "forward")}
+
 
 @dataclass
 class Generation:
-    prompt: str
+    prompt: str | list[int]
     text: str
     token_ids: list[int]
     logprobs: list[float]
+    runner_up_logprobs: list[float]  # per step, the second most likely token's log-probability (-inf if none)
+
+    def first_divergence(self, other: Generation) -> int | None:
+        """Index of the first generated token that differs from ``other``'s, None if all agree."""
+        for index, (mine, theirs) in enumerate(zip(self.token_ids, other.token_ids, strict=True)):
+            if mine != theirs:
+                return index
+        return None
+
+    def margin(self, step: int) -> float:
+        """How far the greedy choice at ``step`` was ahead of the runner-up, in log-probability."""
+        return self.logprobs[step] - self.runner_up_logprobs[step]
+
+
+def generate_with(llm, prompts: list[str] | list[list[int]], max_tokens: int) -> list[Generation]:
+    """Greedy completions of ``prompts`` (strings or token ids) by an existing ``vllm.LLM``."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2, ignore_eos=True)
+    inputs = [{"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt for prompt in prompts]
+    outputs = llm.generate(inputs, params, use_tqdm=False)
+    results = []
+    for prompt, output in zip(prompts, outputs, strict=True):
+        completion = output.outputs[0]
+        chosen, runner_up = [], []
+        for step, token in zip(completion.logprobs, completion.token_ids, strict=True):
+            chosen.append(step[token].logprob)
+            others = [entry.logprob for candidate, entry in step.items() if candidate != token]
+            runner_up.append(max(others, default=float("-inf")))
+        results.append(Generation(prompt, completion.text, list(completion.token_ids), chosen, runner_up))
+    return results
 
 
 def greedy_generate(model: str, prompts: list[str], max_tokens: int = 32, **engine_args) -> list[Generation]:
     """Greedy completions of ``prompts`` by ``model`` with vLLM; ``engine_args`` go to ``vllm.LLM``."""
     # A tiny model needs a tiny KV cache; vLLM's CPU backend otherwise reserves several GiB.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     engine_args = {"enforce_eager": True, "max_model_len": 256, **engine_args}
     llm = LLM(model=model, **engine_args)
     try:
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        results = []
-        for prompt, output in zip(prompts, outputs, strict=True):
-            completion = output.outputs[0]
-            chosen = [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids, strict=True)]
-            results.append(Generation(prompt, completion.text, list(completion.token_ids), chosen))
-        return results
+        return generate_with(llm, prompts, max_tokens)
     finally:
         del llm
         gc.collect()

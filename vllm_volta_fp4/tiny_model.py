@@ -8,6 +8,7 @@ and up) are quantized separately, so each shard of a fused layer has its own glo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -88,12 +89,13 @@ def _hf_config(arch: TinyArch, vocab: int) -> dict:
     return config
 
 
-def random_weights(arch: TinyArch, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """float32 weights with a spread large enough that greedy decoding is not a string of near-ties."""
-    generator = torch.Generator().manual_seed(seed)
+def random_weights(arch: TinyArch, vocab: int, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """float32 weights with a spread large enough that greedy decoding is not a string of near-ties (made on
+    ``device``: a CUDA device makes large benchmark models quickly)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
 
     def normal(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator) * std
+        return torch.randn(*shape, generator=generator, device=device) * std
 
     h, i = arch.hidden, arch.intermediate
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
@@ -215,24 +217,42 @@ def save_sharded(tensors: dict[str, torch.Tensor], dest: Path, shards: int = 2) 
     for index in range(shards):
         file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
         chunk = names[index * per_shard:(index + 1) * per_shard]
-        save_file({name: tensors[name].contiguous() for name in chunk}, str(dest / file), metadata={"format": "pt"})
+        save_file({name: tensors[name].contiguous().cpu() for name in chunk}, str(dest / file), metadata={"format": "pt"})
         weight_map.update({name: file for name in chunk})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (dest / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
-def make_tiny_checkpoint(dest: str | Path, arch: str = "llama", fmt: str = "modelopt-nvfp4", seed: int = 0) -> Path:
-    """Write a tiny random model of ``arch`` as an NVFP4 checkpoint in producer format ``fmt``."""
+def make_tiny_checkpoint(dest: str | Path, arch: str = "llama", fmt: str = "modelopt-nvfp4", seed: int = 0,
+                         head_dim: int | None = None) -> Path:
+    """Write a tiny random model of ``arch`` as an NVFP4 checkpoint in producer format ``fmt``; ``head_dim``
+    overrides the attention head size of the llama and qwen3 models (64) to exercise other attention kernels."""
     if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and fmt one of {FORMATS}")
+    if head_dim is not None and arch not in _ARCHS:
+        raise ValueError(f"head_dim can be chosen for {sorted(_ARCHS)} only")
+    if arch == "qwen3_5":
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        vocab = write_tokenizer(dest)
+        weights, config = _qwen3_5_weights_and_config(vocab, seed)
+        return _write_checkpoint(dest, weights, config, fmt)
+    shape = _ARCHS[arch] if head_dim is None else dataclasses.replace(_ARCHS[arch], head_dim=head_dim)
+    return make_checkpoint(dest, shape, fmt, seed)
+
+
+def make_checkpoint(dest: str | Path, shape: TinyArch, fmt: str = "modelopt-nvfp4", seed: int = 0,
+                    device: str = "cpu") -> Path:
+    """Write a random Llama/Qwen3-architecture model of any ``shape`` (e.g. a few layers at real widths, for
+    benchmarks) as an NVFP4 checkpoint in producer format ``fmt``, generated and quantized on ``device``."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(dest)
-    if arch == "qwen3_5":
-        weights, config = _qwen3_5_weights_and_config(vocab, seed)
-    else:
-        weights, config = random_weights(_ARCHS[arch], vocab, seed), _hf_config(_ARCHS[arch], vocab)
+    return _write_checkpoint(dest, random_weights(shape, vocab, seed, device), _hf_config(shape, vocab), fmt)
+
+
+def _write_checkpoint(dest: Path, weights: dict[str, torch.Tensor], config: dict, fmt: str) -> Path:
     config_file, quant_config = _quant_config(fmt, weights)
     if config_file == "config.json":
         config["quantization_config"] = quant_config

@@ -17,10 +17,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shard-size-gb", type=float, default=4.0, help="largest output shard (GB)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty DST")
     parser.add_argument("--no-verify", action="store_true", help="skip re-reading the output to check it")
+    parser.add_argument("--device", default="cpu", help="where to dequantize, e.g. cuda (much faster for big models)")
 
 
 def run(args) -> int:
     dst = convert_to_dense(args.src, args.dst, dtype=_DTYPES[args.dtype], shard_bytes=int(args.shard_size_gb * 1e9),
-                           force=args.force, verify=not args.no_verify)
+                           force=args.force, verify=not args.no_verify, device=args.device)
     print(f"wrote {dst}")
     return 0

@@ -2,9 +2,9 @@
 
 Registered under vLLM's ``CUSTOM`` backend slot by ``register_attention_backend()`` (called from the general
 plugin, so in every vLLM process). Select it explicitly with ``--attention-backend CUSTOM``. ``volta_platform``
-below is the platform plugin that will pick it on compute capability 7.x when no backend was asked for; it is not
-yet installed as a ``vllm.platform_plugins`` entry point (that waits for a run under vLLM 0.19.1, the V100 pin).
-``VLLM_VOLTA_FP4_ATTENTION=0`` will switch that automatic choice off.
+below is the ``vllm.platform_plugins`` entry point that picks it on compute capability 7.x when no backend was asked
+for. ``VLLM_VOLTA_FP4_ATTENTION=0`` switches that automatic choice off; ``=force`` turns it on for any CUDA GPU
+(how the end-to-end tests check the automatic choice on a non-Volta GPU).
 
 Scope: decoder self-attention, causal, fp16 queries and fp16 KV cache, head_size 64 / 128 / 256, any block
 size that is a multiple of 16, sliding window; no ALiBi, logits soft-cap, attention sinks, fp8 KV cache or
@@ -165,10 +165,18 @@ def register_attention_backend() -> None:
                             f"{VoltaAttentionBackend.__module__}.{VoltaAttentionBackend.__qualname__}")
 
 
+def automatic_choice() -> str:
+    """``off``, ``volta`` (default: compute capability 7.x only) or ``force`` (any CUDA GPU), from ENABLE_ENV."""
+    value = os.environ.get(ENABLE_ENV, "1").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    return "force" if value == "force" else "volta"
+
+
 def _cuda_capability_major() -> int | None:
     """Compute capability major of GPU 0 through NVML (does not initialise CUDA in this process)."""
     try:
-        import pynvml
+        from vllm.third_party import pynvml  # vLLM's vendored copy: the pynvml package may be absent
 
         pynvml.nvmlInit()
         try:
@@ -181,7 +189,10 @@ def _cuda_capability_major() -> int | None:
 
 
 def volta_platform() -> str | None:
-    """``vllm.platform_plugins`` entry point: our CUDA platform on compute capability 7.x, else None."""
-    if os.environ.get(ENABLE_ENV, "1").strip() == "0" or _cuda_capability_major() != 7:
+    """``vllm.platform_plugins`` entry point: our CUDA platform on compute capability 7.x (or any CUDA GPU when
+    forced), else None so that vLLM's own platform detection decides."""
+    choice = automatic_choice()
+    major = None if choice == "off" else _cuda_capability_major()
+    if major is None or (major != 7 and choice != "force"):
         return None
     return "vllm_volta_fp4.plugin.attention_platform.VoltaCudaPlatform"

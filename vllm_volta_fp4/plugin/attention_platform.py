@@ -1,8 +1,8 @@
-"""vLLM's CUDA platform with one change: on compute capability 7.x, when no attention backend was asked for,
-it picks the VOLTA_HMMA backend (vLLM's own choice there is Triton attention without tensor cores).
+"""vLLM's CUDA platform with one change: when no attention backend was asked for, it picks the VOLTA_HMMA backend
+(vLLM's own choice on compute capability 7.x is Triton attention without tensor cores).
 
-Activated by the ``vllm.platform_plugins`` entry point ``attention_backend.volta_platform`` on 7.x GPUs only;
-imported only there (vllm.platforms.cuda needs a CUDA build of vLLM)."""
+Activated by the ``vllm.platform_plugins`` entry point ``attention_backend.volta_platform`` on 7.x GPUs (or any
+CUDA GPU with VLLM_VOLTA_FP4_ATTENTION=force); imported only then (vllm.platforms.cuda needs a CUDA build of vLLM)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import logging
 
 from vllm.platforms.cuda import CudaPlatform
 
-from vllm_volta_fp4.plugin.attention_backend import VoltaAttentionBackend, register_attention_backend
+from vllm_volta_fp4.plugin.attention_backend import (
+    VoltaAttentionBackend,
+    automatic_choice,
+    register_attention_backend,
+)
 from vllm_volta_fp4.plugin.attention_compat import AttentionBackendEnum
 
 logger = logging.getLogger("vllm_volta_fp4")
@@ -20,7 +24,8 @@ class VoltaCudaPlatform(CudaPlatform):
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
         capability = cls.get_device_capability()
-        if selected_backend is None and capability is not None and capability.major == 7:
+        ours = capability is not None and (capability.major == 7 or automatic_choice() == "force")
+        if selected_backend is None and ours:
             register_attention_backend()
             reasons = VoltaAttentionBackend.validate_configuration(device_capability=capability,
                                                                    **attn_selector_config._asdict())

@@ -1,0 +1,207 @@
+"""A real vLLM engine with the whole plugin on a CUDA GPU: tiny NVFP4 checkpoints (every producer format, mixed
+FP8+NVFP4, Llama- and Qwen3-shaped, made here) served with ``quantization="volta_nvfp4"`` and the plugin's attention
+backend in fp16, against the same checkpoint dequantized to fp16 and served unquantized by the same engine with
+vLLM's own attention.
+
+Every engine runs with prefix caching on and a batched-token budget of 32, so the 150-token prompt is prefilled in
+chunks, and generates the prompts twice: the second pass starts from cached prefix blocks. Greedy tokens must be
+identical, except where the reference itself was at a near-tie (top two log-probabilities within NEAR_TIE): fp16
+GEMMs that round differently may then legitimately pick the other token, after which the texts differ.
+
+Skipped without CUDA, vLLM or the built extension. On the GPU machine: benchmarks/run_e2e_gpu.sh (both vLLM versions).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_volta_fp4 import kernels
+from vllm_volta_fp4.convert import convert_to_dense
+from vllm_volta_fp4.greedy import WITHOUT_VLLM_KERNELS, Generation, attention_impls, generate_with, supported_engine_args
+from vllm_volta_fp4.tiny_model import FORMATS, make_tiny_checkpoint
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM"),
+    pytest.mark.skipif(not kernels.is_available(), reason="needs CUDA and the built extension"),
+]
+
+MAX_TOKENS = 24
+NEAR_TIE = 0.05
+VOLTA_IMPL = "VoltaAttentionImpl"
+SHARED_PREFIX = [(7 * i + 11) % 370 + 5 for i in range(48)]  # three 16-token KV blocks shared by two prompts
+PROMPTS = [SHARED_PREFIX + [17, 42, 99], SHARED_PREFIX + [23, 5], [(13 * i) % 370 + 5 for i in range(150)], [9]]
+ENGINE = {
+    **WITHOUT_VLLM_KERNELS,
+    "dtype": "float16",
+    "max_model_len": 512,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 32,  # the 150-token prompt is prefilled in five pieces
+    "enable_prefix_caching": True,
+    "gpu_memory_utilization": 0.3,
+    "kv_cache_memory_bytes": 256 * 2**20,  # a fixed small cache: no profiling-based sizing, fast start
+    "seed": 0,
+    "async_scheduling": False,
+}
+# In-process engine core, so the test can see which attention implementation the engine really runs; offline.
+ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_environment():
+    saved = dict(os.environ)
+    os.environ.update(ENVIRONMENT)
+    import vllm_volta_fp4
+
+    vllm_volta_fp4.register()  # in case the entry points are not installed in this environment
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+class Runs:
+    """Engine runs shared by the tests of this module, each made once: (checkpoint, settings) → generations."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cache: dict[tuple, tuple[set[str], list[Generation], list[Generation]]] = {}
+
+    def checkpoint(self, arch: str, fmt: str, head_dim: int | None = None) -> Path:
+        path = self.root / f"{arch}-{fmt}-{head_dim or 'default'}"
+        if not path.exists():
+            make_tiny_checkpoint(path, arch, fmt, head_dim=head_dim)
+        return path
+
+    def dense(self, arch: str, fmt: str, head_dim: int | None = None) -> Path:
+        path = self.root / f"{arch}-{fmt}-{head_dim or 'default'}-dense"
+        if not path.exists():
+            convert_to_dense(self.checkpoint(arch, fmt, head_dim), path, dtype=torch.float16)
+        return path
+
+    def run(self, model: Path, **settings) -> tuple[set[str], list[Generation], list[Generation]]:
+        """(attention impls, first pass, second pass from cached prefixes). Unquantized models that hold the same
+        weights (the dense form of the NVFP4 formats) share one run."""
+        key = (_weights_digest(model), json.dumps(settings, sort_keys=True))
+        if key not in self.cache:
+            from vllm import LLM
+
+            llm = LLM(**supported_engine_args({**ENGINE, "model": str(model), **settings}))
+            try:
+                first = generate_with(llm, PROMPTS, MAX_TOKENS)
+                second = generate_with(llm, PROMPTS, MAX_TOKENS)
+                self.cache[key] = (attention_impls(llm), first, second)
+            finally:
+                del llm
+                gc.collect()
+                torch.cuda.empty_cache()
+        return self.cache[key]
+
+
+def _weights_digest(model: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(model.glob("*.safetensors")) + [model / "config.json"]:
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return Runs(tmp_path_factory.mktemp("e2e"))
+
+
+def assert_same_greedy(ours: list[Generation], reference: list[Generation], what: str) -> None:
+    """Identical tokens, or a first divergence where the reference's top two were within NEAR_TIE."""
+    for index, (mine, theirs) in enumerate(zip(ours, reference, strict=True)):
+        step = mine.first_divergence(theirs)
+        if step is None:
+            continue
+        assert theirs.margin(step) < NEAR_TIE, (
+            f"{what}: prompt {index} diverges at token {step} of {MAX_TOKENS} where the reference was "
+            f"{theirs.margin(step):.3f} ahead of its runner-up (ours {mine.token_ids}, reference {theirs.token_ids})")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_plugin_serves_like_the_dequantized_model(runs, arch, fmt):
+    impls, first, second = runs.run(runs.checkpoint(arch, fmt), quantization="volta_nvfp4", attention_backend="CUSTOM")
+    _, reference, _ = runs.run(runs.dense(arch, fmt), attention_backend="TRITON_ATTN")
+    assert impls == {VOLTA_IMPL}
+    assert_same_greedy(first, reference, f"{arch} {fmt} volta_nvfp4 vs dequantized fp16")
+    assert_same_greedy(second, first, f"{arch} {fmt} prefix-cache hits vs first pass")
+
+
+def test_chunked_prefill_matches_unchunked(runs):
+    model = runs.checkpoint("qwen3", "ct-w4a16")
+    _, chunked, _ = runs.run(model, quantization="volta_nvfp4", attention_backend="CUSTOM")
+    _, whole, _ = runs.run(model, quantization="volta_nvfp4", attention_backend="CUSTOM", max_num_batched_tokens=512)
+    assert_same_greedy(chunked, whole, "chunked prefill (32-token budget) vs one-step prefill")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_attention_backend_matches_hugging_face(runs, head_dim):
+    """Our attention alone (fp16 dense weights, cuBLAS GEMMs) against Hugging Face's eager attention."""
+    model = runs.dense("qwen3", "ct-w4a16", head_dim)
+    impls, ours, _ = runs.run(model, attention_backend="CUSTOM")
+    assert impls == {VOLTA_IMPL}
+    assert_same_greedy(ours, hugging_face_greedy(model), f"head_dim {head_dim}: VOLTA attention vs Hugging Face")
+
+
+def hugging_face_greedy(model: Path) -> list[Generation]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float16, attn_implementation="eager").cuda()
+    results = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt], device="cuda")
+        out = hf.generate(ids, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False,
+                          output_logits=True, return_dict_in_generate=True, pad_token_id=3)
+        logprobs = torch.stack(out.logits).float().log_softmax(-1)[:, 0]  # [steps, vocab]
+        top2 = logprobs.topk(2, dim=-1).values
+        results.append(Generation(prompt, "", out.sequences[0, ids.shape[1]:].tolist(), top2[:, 0].tolist(),
+                                  top2[:, 1].tolist()))
+    del hf
+    torch.cuda.empty_cache()
+    return results
+
+
+def test_platform_plugin_chooses_volta_attention(runs):
+    """Without --attention-backend, the installed platform plugin picks our backend (forced here on a non-Volta GPU;
+    on compute capability 7.x it is the default). A fresh process: vLLM resolves its platform once per process."""
+    from importlib.metadata import entry_points
+
+    if not any(entry.name == "volta_attention" for entry in entry_points(group="vllm.platform_plugins")):
+        pytest.skip("the plugin's entry points are not installed in this environment")
+    model = runs.dense("qwen3", "ct-w4a16")
+    script = (
+        "import json, sys\n"
+        "from vllm import LLM\n"
+        "from vllm_volta_fp4.greedy import attention_impls, supported_engine_args\n"
+        f"llm = LLM(**supported_engine_args({{**json.loads(sys.argv[1]), 'model': sys.argv[2]}}))\n"
+        "print('IMPLS', sorted(attention_impls(llm)))\n"
+    )
+    env = {**os.environ, "VLLM_VOLTA_FP4_ATTENTION": "force"}
+    result = subprocess.run([sys.executable, "-c", script, json.dumps(ENGINE), str(model)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"IMPLS ['{VOLTA_IMPL}']" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("arch, fmt", [("llama", "modelopt-nvfp4"), ("qwen3", "ct-w4a16"), ("qwen3", "modelopt-mixed")])
+def test_tensor_parallel_2_matches_one_gpu(runs, arch, fmt):
+    model = runs.checkpoint(arch, fmt)
+    _, single, _ = runs.run(model, quantization="volta_nvfp4", attention_backend="CUSTOM")
+    _, split, _ = runs.run(model, quantization="volta_nvfp4", attention_backend="CUSTOM", tensor_parallel_size=2)
+    assert_same_greedy(split, single, f"{arch} {fmt} tensor parallel 2 vs 1")
