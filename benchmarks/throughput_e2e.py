@@ -6,7 +6,8 @@ dequantized to fp16 and served unquantized, in one run on one GPU.
 Measured per model: decode tok/s at batch 1 and 8 (generation time of N extra tokens over the same prompts with
 one token), prefill tok/s and time to first token at 512 and 2048 prompt tokens (batch 1, one prefill step), and
 the GPU kernel time per decoded token at batch 1 (torch profiler, the sum of kernel times: what the step would
-cost without CPU-side overhead, e.g. with CUDA graphs). Medians of repeats; prefix caching off.
+cost without CPU-side overhead, e.g. with CUDA graphs), and the part of it spent in the linear layers' GEMM kernels
+(ours or cuBLAS's). Medians of repeats; prefix caching off.
 
     python3 benchmarks/throughput_e2e.py --out results.md --commit abc1234 [--layers 8] [--attention CUSTOM]
 """
@@ -17,6 +18,7 @@ import argparse
 import datetime
 import gc
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -55,20 +57,29 @@ def timed(llm, prompts: list[list[int]], max_tokens: int) -> float:
     return statistics.median(samples)
 
 
-def gpu_time_per_decode_token(llm, prompt: list[int]) -> float:
-    """Seconds of GPU kernel time per decoded token at batch 1 (profiled, N + 1 tokens minus 1 token)."""
+LINEAR_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|cutlass", re.IGNORECASE)  # ours and cuBLAS's GEMM kernels
+
+
+def gpu_time_per_decode_token(llm, prompt: list[int]) -> tuple[float, float]:
+    """(all kernels, linear-layer kernels only) in seconds of GPU time per decoded token at batch 1: profiled
+    N + 1 tokens minus 1 token. Prints the kernels that take the most time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
-    def kernel_seconds(max_tokens: int) -> float:
+    def kernel_seconds(max_tokens: int) -> dict[str, float]:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
             torch.cuda.synchronize()
-        return sum(event.self_device_time_total for event in prof.key_averages()) / 1e6
+        return {event.key: event.self_device_time_total / 1e6 for event in prof.key_averages()}
 
-    return (kernel_seconds(DECODE_TOKENS + 1) - kernel_seconds(1)) / DECODE_TOKENS
+    one, many = kernel_seconds(1), kernel_seconds(DECODE_TOKENS + 1)
+    per_token = {name: (seconds - one.get(name, 0.0)) / DECODE_TOKENS for name, seconds in many.items()}
+    for name, seconds in sorted(per_token.items(), key=lambda item: -item[1])[:12]:
+        print(f"    {seconds * 1e6:8.1f} µs/token  {name[:110]}", flush=True)
+    linear = sum(seconds for name, seconds in per_token.items() if LINEAR_KERNEL.search(name))
+    return sum(per_token.values()), linear
 
 
 def measure(model: Path, attention: str, quantized: bool) -> dict[str, float]:
@@ -100,8 +111,11 @@ def measure(model: Path, attention: str, quantized: bool) -> dict[str, float]:
             seconds = timed(llm, prompts, DECODE_TOKENS + 1) - timed(llm, prompts, 1)
             results[f"decode batch {batch} (tok/s)"] = batch * DECODE_TOKENS / seconds
             print(f"  decode batch {batch}: {batch * DECODE_TOKENS / seconds:.1f} tok/s", flush=True)
-        results["GPU time per token, batch 1 (µs)"] = gpu_time_per_decode_token(llm, prompt(DECODE_PROMPT)) * 1e6
-        print(f"  GPU time per decoded token: {results['GPU time per token, batch 1 (µs)']:.0f} µs", flush=True)
+        every_kernel, linear = gpu_time_per_decode_token(llm, prompt(DECODE_PROMPT))
+        results["GPU time per token, batch 1 (µs)"] = every_kernel * 1e6
+        results["… of it in linear layers (µs)"] = linear * 1e6
+        print(f"  GPU time per decoded token: {every_kernel * 1e6:.0f} µs, linear layers {linear * 1e6:.0f} µs",
+              flush=True)
     finally:
         del llm
         gc.collect()

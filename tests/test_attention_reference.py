@@ -5,6 +5,8 @@ builder, impl forward on vLLM's own KV layout) running the reference path."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -179,23 +181,31 @@ def test_builder_and_impl_forward(backend_module, batch_name, window):
     assert impl.forward(None, padded_query, None, None, kv_cache, None, output=profiling_output).eq(0).all()
 
 
-@requires_vllm
-def test_platform_plugin_stays_off_without_a_volta_gpu(backend_module, monkeypatch):
-    monkeypatch.setattr(backend_module, "_cuda_capability_major", lambda: 8)
-    assert backend_module.volta_platform() is None
-    monkeypatch.setattr(backend_module, "_cuda_capability_major", lambda: 7)
-    assert backend_module.volta_platform().endswith("attention_platform.VoltaCudaPlatform")
-    monkeypatch.setenv(backend_module.ENABLE_ENV, "0")
-    assert backend_module.volta_platform() is None
-    monkeypatch.setenv(backend_module.ENABLE_ENV, "force")
-    monkeypatch.setattr(backend_module, "_cuda_capability_major", lambda: 9)
-    assert backend_module.volta_platform().endswith("attention_platform.VoltaCudaPlatform")
-    monkeypatch.setattr(backend_module, "_cuda_capability_major", lambda: None)  # no NVIDIA GPU at all
-    assert backend_module.volta_platform() is None
+def test_platform_plugin_stays_off_without_a_volta_gpu(monkeypatch):
+    from vllm_volta_fp4.plugin import platform_choice
+
+    monkeypatch.setattr(platform_choice, "_cuda_capability_major", lambda: 8)
+    assert platform_choice.volta_platform() is None
+    monkeypatch.setattr(platform_choice, "_cuda_capability_major", lambda: 7)
+    assert platform_choice.volta_platform() == platform_choice.PLATFORM
+    monkeypatch.setenv(platform_choice.ENABLE_ENV, "0")
+    assert platform_choice.volta_platform() is None
+    monkeypatch.setenv(platform_choice.ENABLE_ENV, "force")
+    monkeypatch.setattr(platform_choice, "_cuda_capability_major", lambda: 9)
+    assert platform_choice.volta_platform() == platform_choice.PLATFORM
+    monkeypatch.setattr(platform_choice, "_cuda_capability_major", lambda: None)  # no NVIDIA GPU at all
+    assert platform_choice.volta_platform() is None
+
+
+def test_platform_entry_point_imports_nothing_from_vllm():
+    """vLLM calls the entry point while importing itself: importing it must not import vLLM (a cycle)."""
+    code = ("import sys; from vllm_volta_fp4.plugin import platform_choice; "
+            "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_platform_plugin_is_an_installed_entry_point():
     from importlib.metadata import entry_points
 
     (entry,) = [e for e in entry_points(group="vllm.platform_plugins") if e.name == "volta_attention"]
-    assert entry.value == "vllm_volta_fp4.plugin.attention_backend:volta_platform"
+    assert entry.value == "vllm_volta_fp4.plugin.platform_choice:volta_platform"

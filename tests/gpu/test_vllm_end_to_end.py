@@ -54,9 +54,13 @@ ENGINE = {
     "seed": 0,
     "async_scheduling": False,
 }
-# In-process engine core, so the test can see which attention implementation the engine really runs; offline.
-ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# In-process engine core, so the test can see which attention implementation the engine really runs; offline;
+# tensor-parallel workers spawned (this process has initialised CUDA, which a forked worker cannot use).
+ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+               "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+# The Qwen3.5 hybrid: text only (its tiny vision tower is loaded but never run), vLLM's Triton GDN kernels.
+QWEN3_5 = {"language_model_only": True, "gdn_prefill_backend": "triton"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -140,6 +144,28 @@ def test_plugin_serves_like_the_dequantized_model(runs, arch, fmt):
     assert impls == {VOLTA_IMPL}
     assert_same_greedy(first, reference, f"{arch} {fmt} volta_nvfp4 vs dequantized fp16")
     assert_same_greedy(second, first, f"{arch} {fmt} prefix-cache hits vs first pass")
+
+
+@pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
+def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, triton_allocator):
+    """Qwen3.5 (Gated-DeltaNet + gated attention, vision tower; the exclusions real exports make) through
+    volta_nvfp4: our GEMMs and attention, vLLM's GDN kernels."""
+    impls, first, second = runs.run(runs.checkpoint("qwen3_5", fmt), quantization="volta_nvfp4",
+                                    attention_backend="CUSTOM", **QWEN3_5)
+    _, reference, _ = runs.run(runs.dense("qwen3_5", fmt), attention_backend="TRITON_ATTN", **QWEN3_5)
+    assert VOLTA_IMPL in impls
+    assert_same_greedy(first, reference, f"qwen3_5 {fmt} volta_nvfp4 vs dequantized fp16")
+    assert_same_greedy(second, first, f"qwen3_5 {fmt} prefix-cache hits vs first pass")
+
+
+@pytest.fixture
+def triton_allocator():
+    """vLLM's Triton GDN kernels ask Triton for scratch memory; vLLM 0.20 installs an allocator for that, 0.19.1
+    relies on its own pinned Triton, which the GPU kit replaces with the machine's newer one."""
+    import triton
+
+    if hasattr(triton, "set_allocator"):
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
 def test_chunked_prefill_matches_unchunked(runs):

@@ -1,10 +1,8 @@
 """The VOLTA_HMMA attention backend: vLLM's paged attention on our HMMA kernels (vllm_volta_fp4.attention).
 
 Registered under vLLM's ``CUSTOM`` backend slot by ``register_attention_backend()`` (called from the general
-plugin, so in every vLLM process). Select it explicitly with ``--attention-backend CUSTOM``. ``volta_platform``
-below is the ``vllm.platform_plugins`` entry point that picks it on compute capability 7.x when no backend was asked
-for. ``VLLM_VOLTA_FP4_ATTENTION=0`` switches that automatic choice off; ``=force`` turns it on for any CUDA GPU
-(how the end-to-end tests check the automatic choice on a non-Volta GPU).
+plugin, so in every vLLM process). Select it explicitly with ``--attention-backend CUSTOM``; on compute capability
+7.x the platform plugin (platform_choice.py) picks it when no backend was asked for.
 
 Scope: decoder self-attention, causal, fp16 queries and fp16 KV cache, head_size 64 / 128 / 256, any block
 size that is a multiple of 16, sliding window; no ALiBi, logits soft-cap, attention sinks, fp8 KV cache or
@@ -13,7 +11,6 @@ Without CUDA tensors (CPU tests) the impl runs the pure-torch reference."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,7 +20,6 @@ from vllm_volta_fp4 import attention
 from vllm_volta_fp4.plugin import attention_compat as compat
 
 BACKEND_NAME = "CUSTOM"  # the enum member vLLM looks the backend up by (AttentionBackendEnum[get_name()])
-ENABLE_ENV = "VLLM_VOLTA_FP4_ATTENTION"
 
 
 @dataclass
@@ -163,36 +159,3 @@ def register_attention_backend() -> None:
     """Register VoltaAttentionBackend as vLLM's CUSTOM attention backend in this process (idempotent)."""
     compat.register_backend(compat.AttentionBackendEnum.CUSTOM,
                             f"{VoltaAttentionBackend.__module__}.{VoltaAttentionBackend.__qualname__}")
-
-
-def automatic_choice() -> str:
-    """``off``, ``volta`` (default: compute capability 7.x only) or ``force`` (any CUDA GPU), from ENABLE_ENV."""
-    value = os.environ.get(ENABLE_ENV, "1").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return "off"
-    return "force" if value == "force" else "volta"
-
-
-def _cuda_capability_major() -> int | None:
-    """Compute capability major of GPU 0 through NVML (does not initialise CUDA in this process)."""
-    try:
-        from vllm.third_party import pynvml  # vLLM's vendored copy: the pynvml package may be absent
-
-        pynvml.nvmlInit()
-        try:
-            major, _ = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
-        finally:
-            pynvml.nvmlShutdown()
-        return int(major)
-    except Exception:  # no NVML, no driver, no GPU: not our platform
-        return None
-
-
-def volta_platform() -> str | None:
-    """``vllm.platform_plugins`` entry point: our CUDA platform on compute capability 7.x (or any CUDA GPU when
-    forced), else None so that vLLM's own platform detection decides."""
-    choice = automatic_choice()
-    major = None if choice == "off" else _cuda_capability_major()
-    if major is None or (major != 7 and choice != "force"):
-        return None
-    return "vllm_volta_fp4.plugin.attention_platform.VoltaCudaPlatform"

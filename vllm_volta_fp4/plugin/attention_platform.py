@@ -1,7 +1,7 @@
 """vLLM's CUDA platform with one change: when no attention backend was asked for, it picks the VOLTA_HMMA backend
 (vLLM's own choice on compute capability 7.x is Triton attention without tensor cores).
 
-Activated by the ``vllm.platform_plugins`` entry point ``attention_backend.volta_platform`` on 7.x GPUs (or any
+Activated by the ``vllm.platform_plugins`` entry point ``platform_choice.volta_platform`` on 7.x GPUs (or any
 CUDA GPU with VLLM_VOLTA_FP4_ATTENTION=force); imported only then (vllm.platforms.cuda needs a CUDA build of vLLM)."""
 
 from __future__ import annotations
@@ -10,11 +10,8 @@ import logging
 
 from vllm.platforms.cuda import CudaPlatform
 
-from vllm_volta_fp4.plugin.attention_backend import (
-    VoltaAttentionBackend,
-    automatic_choice,
-    register_attention_backend,
-)
+from vllm_volta_fp4.plugin.attention_backend import VoltaAttentionBackend, register_attention_backend
+from vllm_volta_fp4.plugin.platform_choice import automatic_choice
 from vllm_volta_fp4.plugin.attention_compat import AttentionBackendEnum
 
 logger = logging.getLogger("vllm_volta_fp4")
