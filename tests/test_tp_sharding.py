@@ -27,8 +27,18 @@ KEY_DIM, VALUE_DIM = 16 * 128, 48 * 128
 @dataclass(frozen=True)
 class LayerSpec:
     kind: str  # "qkv", "merged" or "row"
-    shards: tuple[tuple[str, int, int | str | None], ...]  # (checkpoint name, rows, shard id)
+    # (checkpoint name, rows, shard id). A tuple shard id is one checkpoint tensor spanning several fused shards
+    # (Qwen3.5's in_proj_qkv → shards 0-2 of in_proj_qkvz), with one global scale; ``pieces`` gives their rows.
+    shards: tuple[tuple[str, int, int | str | tuple[int, ...] | None], ...]
     input_size: int
+    pieces: dict[str, tuple[int, ...]] | None = None
+
+    def rows_by_piece(self, shard: str, rows: int) -> tuple[int, ...]:
+        return (self.pieces or {}).get(shard, (rows,))
+
+    @property
+    def output_sizes(self) -> list[int]:
+        return [piece for shard, rows, _ in self.shards for piece in self.rows_by_piece(shard, rows)]
 
 
 SPECS = {
@@ -37,8 +47,9 @@ SPECS = {
     "attention.o": LayerSpec("row", (("o_proj", HIDDEN, None),), HEADS * HEAD_DIM),
     "mlp.gate_up": LayerSpec("merged", (("gate_proj", INTERMEDIATE, 0), ("up_proj", INTERMEDIATE, 1)), HIDDEN),
     "mlp.down": LayerSpec("row", (("down_proj", HIDDEN, None),), INTERMEDIATE),
-    "gdn.in_proj_qkvz": LayerSpec("merged", (("in_proj_q", KEY_DIM, 0), ("in_proj_k", KEY_DIM, 1),
-                                             ("in_proj_v", VALUE_DIM, 2), ("in_proj_z", VALUE_DIM, 3)), HIDDEN),
+    "gdn.in_proj_qkvz": LayerSpec("merged", (("in_proj_qkv", 2 * KEY_DIM + VALUE_DIM, (0, 1, 2)),
+                                             ("in_proj_z", VALUE_DIM, 3)), HIDDEN,
+                                  pieces={"in_proj_qkv": (KEY_DIM, KEY_DIM, VALUE_DIM)}),
     "gdn.out_proj": LayerSpec("row", (("out_proj", HIDDEN, None),), VALUE_DIM),
 }
 
@@ -72,7 +83,7 @@ def _build(spec: LayerSpec):
         return QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS, bias=False, quant_config=config,
                                  prefix="model.layers.3.self_attn.qkv_proj")
     if spec.kind == "merged":
-        return MergedColumnParallelLinear(spec.input_size, [rows for _, rows, _ in spec.shards], bias=False,
+        return MergedColumnParallelLinear(spec.input_size, spec.output_sizes, bias=False,
                                           quant_config=config, prefix="model.layers.0.merged")
     return RowParallelLinear(spec.input_size, spec.shards[0][1], bias=False, quant_config=config,
                              prefix="model.layers.0.row")
@@ -109,13 +120,17 @@ def test_every_rank_holds_exactly_its_slice(simulated_tp, quantized_layers, name
         expected_packed, expected_scales, expected_global, dense = [], [], [], []
         for shard, rows, shard_id in spec.shards:
             q = shards[shard]
-            own = _rows_of_rank(spec, shard_id, rows, rank, tp)
             packed_cols = slice(cols.start // 2, cols.stop // 2) if spec.kind == "row" else cols
             scale_cols = slice(cols.start // 16, cols.stop // 16) if spec.kind == "row" else cols
-            expected_packed.append(q.packed[own, packed_cols])
-            expected_scales.append(q.block_scale.view(torch.uint8)[own, scale_cols])
-            expected_global.append(q.global_scale.expand(own.stop - own.start))
-            dense.append(dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)[own, cols])
+            offset = 0
+            for piece in spec.rows_by_piece(shard, rows):
+                part = _rows_of_rank(spec, shard_id, piece, rank, tp)
+                own = slice(offset + part.start, offset + part.stop)
+                offset += piece
+                expected_packed.append(q.packed[own, packed_cols])
+                expected_scales.append(q.block_scale.view(torch.uint8)[own, scale_cols])
+                expected_global.append(q.global_scale.expand(own.stop - own.start))
+                dense.append(dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)[own, cols])
         assert torch.equal(layer.volta_packed, torch.cat(expected_packed)), (name, tp, rank)
         assert torch.equal(layer.volta_block_scale.view(torch.uint8), torch.cat(expected_scales)), (name, tp, rank)
         assert torch.equal(layer.volta_global_scale, torch.cat(expected_global)), (name, tp, rank)
@@ -147,3 +162,20 @@ def test_a_row_parallel_split_off_block_boundaries_names_the_layer(simulated_tp)
     simulated_tp(0, 8)
     with pytest.raises(ValueError, match=r"'model.layers.0.mlp.down_proj' has 136 input features.*multiple of 16"):
         RowParallelLinear(1088, HIDDEN, bias=False, quant_config=_config(), prefix="model.layers.0.mlp.down_proj")
+
+
+def test_a_tensor_spanning_several_fused_shards_scales_each_of_them(simulated_tp):
+    """vLLM 0.19.1 / 0.20 load a per-tensor scale that arrives with a tuple shard id (Qwen3.5's in_proj_qkv into
+    in_proj_qkvz) into slot 0 only; the plugin's scale parameters give it to every shard the tensor covers."""
+    from vllm_volta_fp4.plugin.linear_common import per_shard_scale
+
+    simulated_tp(0, 1)
+
+    def loader_of_vllm_0_19(param, loaded_weight, shard_id=None):  # its PerTensorScaleParameter behaviour
+        param.data[0 if shard_id is None or isinstance(shard_id, tuple) else shard_id] = loaded_weight
+
+    scale = per_shard_scale(4, loader_of_vllm_0_19)
+    scale.weight_loader(scale, torch.tensor(2.0), (0, 1, 2))
+    assert scale.data[3].isnan()  # shard 3 not loaded yet: still the "never loaded" sentinel
+    scale.weight_loader(scale, torch.tensor(5.0), 3)
+    assert scale.data.tolist() == [2.0, 2.0, 2.0, 5.0]

@@ -126,3 +126,24 @@ def test_strided_query_and_output():
     ref = batch.dense_reference(0.125)
     assert float((out.cpu().double() - ref).norm() / ref.norm()) < REL_TOL
     assert wide_out[:, :4].isnan().all() and wide_out[:, 12:].isnan().all()  # nothing outside the view
+
+
+@pytest.mark.parametrize("mma", ATOMS)
+@pytest.mark.parametrize("head_size", [64, 256])
+def test_repeated_runs_are_bitwise_identical(head_size, mma):
+    """No race between blocks or with the split-KV reduction: 30 launches on one mixed batch (decodes that split
+    the KV length, chunked prefill with context, prefix hits) give the same bits, with other work in between."""
+    if mma not in _atoms():
+        pytest.skip(f"the SM{mma} atom needs a newer GPU")
+    batch = attention.RandomPagedBatch(BATCHES["mixed"], 24, 4, head_size, 16, device="cuda", seed=head_size)
+    batch.write_new_tokens()
+    outputs = []
+    for _ in range(30):
+        out = torch.full_like(batch.query, float("nan"))
+        attention.paged_attention(batch.query, batch.kv_cache, batch.block_table, batch.query_start_loc,
+                                  batch.seq_lens, batch.max_seq_len, 0.1, out=out, mma=mma)
+        torch.randn(1 << 20, device="cuda").sum()  # unrelated work between launches changes the timing
+        outputs.append(out)
+    torch.cuda.synchronize()
+    assert not outputs[0].isnan().any()
+    assert all(torch.equal(outputs[0], other) for other in outputs[1:])

@@ -59,8 +59,9 @@ ENGINE = {
 ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
                "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}
-# The Qwen3.5 hybrid: text only (its tiny vision tower is loaded but never run), vLLM's Triton GDN kernels.
-QWEN3_5 = {"language_model_only": True, "gdn_prefill_backend": "triton"}
+# The Qwen3.5 hybrid: text only (its tiny vision tower is loaded but never run), vLLM's Triton GDN kernels. With
+# prefix caching vLLM sizes attention blocks to the GDN state (80 tokens here) and needs a step budget of a block.
+QWEN3_5 = {"language_model_only": True, "gdn_prefill_backend": "triton", "max_num_batched_tokens": 128}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -10,9 +10,7 @@ import logging
 
 from vllm.platforms.cuda import CudaPlatform
 
-from vllm_volta_fp4.plugin.attention_backend import VoltaAttentionBackend, register_attention_backend
 from vllm_volta_fp4.plugin.platform_choice import automatic_choice
-from vllm_volta_fp4.plugin.attention_compat import AttentionBackendEnum
 
 logger = logging.getLogger("vllm_volta_fp4")
 
@@ -23,6 +21,11 @@ class VoltaCudaPlatform(CudaPlatform):
         capability = cls.get_device_capability()
         ours = capability is not None and (capability.major == 7 or automatic_choice() == "force")
         if selected_backend is None and ours:
+            # Imported here, not at the top: vLLM imports this module while it resolves its platform, before the
+            # attention modules our backend builds on can be imported.
+            from vllm_volta_fp4.plugin.attention_backend import VoltaAttentionBackend, register_attention_backend
+            from vllm_volta_fp4.plugin.attention_compat import AttentionBackendEnum
+
             register_attention_backend()
             reasons = VoltaAttentionBackend.validate_configuration(device_capability=capability,
                                                                    **attn_selector_config._asdict())

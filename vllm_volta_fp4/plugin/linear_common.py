@@ -7,7 +7,7 @@ import torch
 from torch.nn import Parameter
 
 from vllm_volta_fp4.checkpoint import LayerScheme, QuantFormat
-from vllm_volta_fp4.plugin.compat import LinearMethodBase
+from vllm_volta_fp4.plugin.compat import LinearMethodBase, PerTensorScaleParameter
 
 PREPARED_PREFIX = "volta_"
 
@@ -15,6 +15,20 @@ PREPARED_PREFIX = "volta_"
 def unloaded_sentinel(shape: tuple[int, ...]) -> torch.Tensor:
     """Scales start as NaN so a shard the checkpoint never filled is caught after loading, not served."""
     return torch.full(shape, float("nan"), dtype=torch.float32)
+
+
+def per_shard_scale(shards: int, weight_loader) -> PerTensorScaleParameter:
+    """One per-tensor scale per fused shard, NaN until loaded. A checkpoint tensor that spans several shards
+    (Qwen3.5's in_proj_qkv → shards 0, 1, 2 of in_proj_qkvz) arrives with a tuple shard id; vLLM 0.19.1 and 0.20
+    then write its scale into slot 0 only (0.32 fills every slot), so each shard it covers is loaded here."""
+
+    def load(param, loaded_weight, shard_id=None):
+        if shard_id is None:
+            return weight_loader(param, loaded_weight)
+        for shard in shard_id if isinstance(shard_id, tuple) else (shard_id,):
+            weight_loader(param, loaded_weight, shard)
+
+    return PerTensorScaleParameter(data=unloaded_sentinel((shards,)), weight_loader=load)
 
 
 def checked_scales(values: torch.Tensor, prefix: str, what: str) -> torch.Tensor:

@@ -9,13 +9,13 @@ from vllm_volta_fp4.nvfp4 import fp8_linear_reference
 from vllm_volta_fp4.plugin.compat import (
     ChannelQuantScaleParameter,
     ModelWeightParameter,
-    PerTensorScaleParameter,
     register_weight_loader_v2_supported_method,
 )
 from vllm_volta_fp4.plugin.linear_common import (
     QuantizedLinearMethod,
     checked_scales,
     expand_to_rows,
+    per_shard_scale,
     unloaded_sentinel,
 )
 
@@ -38,11 +38,10 @@ class Fp8LinearMethod(QuantizedLinearMethod):
             shape = (rows, 1) if self.quant_format.producer == COMPRESSED_TENSORS else (rows,)
             scale = ChannelQuantScaleParameter(data=unloaded_sentinel(shape), output_dim=0, weight_loader=loader)
         else:
-            scale = PerTensorScaleParameter(data=unloaded_sentinel((shards,)), weight_loader=loader)
+            scale = per_shard_scale(shards, loader)
         layer.register_parameter(self.names["scale"], scale)
         if self.scheme.quantized_activations:
-            layer.register_parameter(self.names["input_scale"], PerTensorScaleParameter(
-                data=unloaded_sentinel((shards,)), weight_loader=loader))
+            layer.register_parameter(self.names["input_scale"], per_shard_scale(shards, loader))
 
     def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
         stored = getattr(layer, self.names["scale"]).data.reshape(-1)

@@ -10,14 +10,13 @@ import torch
 from vllm_volta_fp4.nvfp4 import BLOCK_SIZE, nvfp4_linear_reference
 from vllm_volta_fp4.plugin.compat import (
     ModelWeightParameter,
-    PerTensorScaleParameter,
     register_weight_loader_v2_supported_method,
 )
 from vllm_volta_fp4.plugin.linear_common import (
     QuantizedLinearMethod,
     checked_scales,
     expand_to_rows,
-    unloaded_sentinel,
+    per_shard_scale,
 )
 
 
@@ -42,11 +41,9 @@ class NvFp4LinearMethod(QuantizedLinearMethod):
         layer.register_parameter(self.names["block_scale"], ModelWeightParameter(
             data=torch.empty(rows, input_size_per_partition // BLOCK_SIZE, dtype=torch.float8_e4m3fn),
             input_dim=1, output_dim=0, weight_loader=loader))
-        layer.register_parameter(self.names["global_scale"], PerTensorScaleParameter(
-            data=unloaded_sentinel((shards,)), weight_loader=loader))
+        layer.register_parameter(self.names["global_scale"], per_shard_scale(shards, loader))
         if self.scheme.quantized_activations:  # loaded so the checkpoint loads cleanly, then dropped
-            layer.register_parameter(self.names["input_scale"], PerTensorScaleParameter(
-                data=unloaded_sentinel((shards,)), weight_loader=loader))
+            layer.register_parameter(self.names["input_scale"], per_shard_scale(shards, loader))
 
     def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
         stored = getattr(layer, self.names["global_scale"]).data
