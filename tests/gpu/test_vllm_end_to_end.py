@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -100,9 +101,7 @@ class Runs:
         weights (the dense form of the NVFP4 formats) share one run."""
         key = (_weights_digest(model), json.dumps(settings, sort_keys=True))
         if key not in self.cache:
-            from vllm import LLM
-
-            llm = LLM(**supported_engine_args({**ENGINE, "model": str(model), **settings}))
+            llm = start_engine({**ENGINE, "model": str(model), **settings})
             try:
                 first = generate_with(llm, PROMPTS, MAX_TOKENS)
                 second = generate_with(llm, PROMPTS, MAX_TOKENS)
@@ -112,6 +111,21 @@ class Runs:
                 gc.collect()
                 torch.cuda.empty_cache()
         return self.cache[key]
+
+
+def start_engine(settings: dict):
+    """vllm.LLM(**settings). An engine that fails to start is reported as text only: its traceback would keep the
+    half-built engine (GPU memory, global state) alive for the tests that follow."""
+    from vllm import LLM
+
+    failure = None
+    try:
+        return LLM(**supported_engine_args(settings))
+    except Exception as error:  # noqa: BLE001  (re-raised below, without the frames)
+        failure = "".join(traceback.format_exception(error))[-6000:]
+    gc.collect()
+    torch.cuda.empty_cache()
+    raise RuntimeError(f"the engine did not start:\n{failure}")
 
 
 def _weights_digest(model: Path) -> str:
@@ -215,7 +229,7 @@ def test_platform_plugin_chooses_volta_attention(runs):
         "import json, sys\n"
         "from vllm import LLM\n"
         "from vllm_volta_fp4.greedy import attention_impls, supported_engine_args\n"
-        f"llm = LLM(**supported_engine_args({{**json.loads(sys.argv[1]), 'model': sys.argv[2]}}))\n"
+        "llm = LLM(**supported_engine_args({**json.loads(sys.argv[1]), 'model': sys.argv[2]}))\n"
         "print('IMPLS', sorted(attention_impls(llm)))\n"
     )
     env = {**os.environ, "VLLM_VOLTA_FP4_ATTENTION": "force"}
