@@ -8,8 +8,10 @@
 # GPU 1 and the other cores run the kernel tests and tests/gpu/test_vllm_end_to_end.py under each vLLM version.
 # Phase 2: the tensor-parallel-2 tests over both GPUs, each vLLM version. Logs and tables land in $OUT.
 # On a one-GPU machine phase 1 runs one after the other on GPU 0 and phase 2 is skipped.
+# SKIP="throughput kernel-tests tp2" leaves those parts out.
 set -uo pipefail
 VERSIONS=${VERSIONS:-"0.20.2 0.19.1"}
+skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
 status=0
 step() { echo; echo "=== $1 ($(date +%T)) ==="; }
 summary() { grep -E "passed|failed|error" "$1" | tail -1; grep -E "^(FAILED|ERROR)" "$1" | head -20; }
@@ -37,22 +39,24 @@ e2e() {  # e2e VERSION GPUS PYTEST_ARGS... → $OUT/e2e-VERSION[-tp].log
 }
 
 step "phase 1: throughput on GPU 0 | kernel tests and end-to-end tests on GPU $second"
-( CUDA_VISIBLE_DEVICES=0 PYTHONPATH=${SITES[0.20.2]}:$PYTHONPATH OMP_NUM_THREADS=$(( quarter > 0 ? quarter : 1 )) \
-    timeout 400 "${pin_bench[@]}" python3 benchmarks/throughput_e2e.py \
+skip throughput || ( CUDA_VISIBLE_DEVICES=0 PYTHONPATH=${SITES[0.20.2]}:$PYTHONPATH \
+    OMP_NUM_THREADS=$(( quarter > 0 ? quarter : 1 )) timeout 400 "${pin_bench[@]}" python3 benchmarks/throughput_e2e.py \
     --out "$OUT/throughput-h200.md" --commit "${COMMIT:-uncommitted}" > "$OUT/throughput.log" 2>&1 ) & throughput=$!
 (( gpus > 1 )) || wait $throughput
 pids=()
-[[ " ${SKIP:-} " == *" kernel-tests "* ]] ||
+skip kernel-tests ||
 CUDA_VISIBLE_DEVICES=$second timeout 300 "${pin_tests[@]}" python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu \
   --ignore tests/gpu/test_vllm_end_to_end.py > "$OUT/gpu-tests.log" 2>&1 & pids+=($!)
 for version in $VERSIONS; do e2e "$version" "$second" "$OUT/e2e-$version.log" -k "not tensor_parallel" & pids+=($!); done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 wait $throughput || status=1
-echo "kernel tests: $(summary "$OUT/gpu-tests.log")"
+skip kernel-tests || echo "kernel tests: $(summary "$OUT/gpu-tests.log")"
 for version in $VERSIONS; do echo "vLLM $version end to end: $(summary "$OUT/e2e-$version.log")"; done
-if [[ -f "$OUT/throughput-h200.md" ]]; then cat "$OUT/throughput-h200.md"; else tail -20 "$OUT/throughput.log"; status=1; fi
+if ! skip throughput; then
+  if [[ -f "$OUT/throughput-h200.md" ]]; then cat "$OUT/throughput-h200.md"; else tail -20 "$OUT/throughput.log"; status=1; fi
+fi
 
-if (( gpus > 1 )); then
+if (( gpus > 1 )) && ! skip tp2; then
   step "phase 2: tensor parallel 2"
   pids=()
   for version in $VERSIONS; do e2e "$version" 0,1 "$OUT/e2e-$version-tp2.log" -k tensor_parallel & pids+=($!); done
