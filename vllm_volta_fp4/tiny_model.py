@@ -146,7 +146,8 @@ def _qwen3_5_weights_and_config(vocab: int, seed: int) -> tuple[dict[str, torch.
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config)
     weights = {name: tensor.detach().float().contiguous() for name, tensor in model.state_dict().items()}
-    return weights, config.to_dict()
+    # save_pretrained would add the architecture; without it vLLM serves the bare Qwen3_5Model as an embedder
+    return weights, {**config.to_dict(), "architectures": ["Qwen3_5ForConditionalGeneration"]}
 
 
 def _is_quantized_linear(name: str) -> bool:
