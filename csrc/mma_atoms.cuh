@@ -19,9 +19,12 @@ namespace volta_fp4 {
 constexpr int kSmemRowHalves = 128 + 8;  // +16 bytes: rows start in different banks
 
 // ─── MMA atoms ────────────────────────────────────────────────────────────────────────────────────────────
-// A warp's output is BM × 16 (rows × columns of its strip). Each atom says how one k-step reads its fragments
-// from shared memory (x tile [BM][136], w tile [64][136], both k-contiguous) and where accumulator element
-// `i` of this lane lives; elements come in pairs (i even, i+1) of adjacent columns.
+// A warp's output is BM × 16 (rows × columns of its strip): out[r][c] += Σ_k A[r][k] · B[c][k]. Each atom says
+// how one k-step reads its fragments from shared memory and where accumulator element `i` of this lane lives;
+// elements come in pairs (i even, i+1) of adjacent columns. A (BM rows) and B (the strip's 16 rows) are both
+// k-contiguous rows RowHalves halves apart (default: the GEMM's x tile [BM][136] and w tile [64][136]; any
+// multiple of 8 works, and RowHalves / 2 ≡ 4 mod 8 words keeps the reads bank-conflict free). load_a and load_b
+// fill the two halves of the fragments separately, so a warp that sweeps several strips with one A reads A once.
 
 // Volta HMMA: mma.sync.aligned.m8n8k4 runs four independent 8×8×4 products, one per quad-pair
 // (lanes q·4…q·4+3 and q·4+16…q·4+19). Quad-pair q takes rows (q & 1)·8 and columns (q >> 1)·8, so one
@@ -33,14 +36,23 @@ struct Sm70Mma {
     uint2 a[BM / 16];
     uint2 b;
   };
-  template <int BM>
-  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
-                                              int lane) {
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_a(Frags<BM>& f, const uint16_t* sx, int k, int lane) {
     const int quad_pair = (lane >> 2) & 3, in_pair = (lane & 3) + ((lane >> 4) << 2);
 #pragma unroll
     for (int mt = 0; mt < BM / 16; ++mt)
-      f.a[mt] = *reinterpret_cast<const uint2*>(sx + (mt * 16 + (quad_pair & 1) * 8 + in_pair) * kSmemRowHalves + k);
-    f.b = *reinterpret_cast<const uint2*>(sw_strip + ((quad_pair >> 1) * 8 + in_pair) * kSmemRowHalves + k);
+      f.a[mt] = *reinterpret_cast<const uint2*>(sx + (mt * 16 + (quad_pair & 1) * 8 + in_pair) * RowHalves + k);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_b(Frags<BM>& f, const uint16_t* sw_strip, int k, int lane) {
+    const int quad_pair = (lane >> 2) & 3, in_pair = (lane & 3) + ((lane >> 4) << 2);
+    f.b = *reinterpret_cast<const uint2*>(sw_strip + ((quad_pair >> 1) * 8 + in_pair) * RowHalves + k);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
+                                              int lane) {
+    load_a<BM, RowHalves>(f, sx, k, lane);
+    load_b<BM, RowHalves>(f, sw_strip, k, lane);
   }
   template <int BM>
   __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
@@ -85,14 +97,23 @@ struct Sm80Mma {
     uint32_t a[BM / 16][4];  // m16n8k16 A: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (8-15, 8-15)
     uint32_t b[4];           // B of columns 0-7: (k 0-7), (k 8-15); then columns 8-15 likewise
   };
-  template <int BM>
-  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
-                                              int lane) {
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_a(Frags<BM>& f, const uint16_t* sx, int k, int lane) {
     const int matrix = lane >> 3, row = lane & 7;
 #pragma unroll
     for (int mt = 0; mt < BM / 16; ++mt)
-      ldmatrix_x4(f.a[mt], sx + (mt * 16 + (matrix & 1) * 8 + row) * kSmemRowHalves + k + (matrix >> 1) * 8);
-    ldmatrix_x4(f.b, sw_strip + ((matrix >> 1) * 8 + row) * kSmemRowHalves + k + (matrix & 1) * 8);
+      ldmatrix_x4(f.a[mt], sx + (mt * 16 + (matrix & 1) * 8 + row) * RowHalves + k + (matrix >> 1) * 8);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_b(Frags<BM>& f, const uint16_t* sw_strip, int k, int lane) {
+    const int matrix = lane >> 3, row = lane & 7;
+    ldmatrix_x4(f.b, sw_strip + ((matrix >> 1) * 8 + row) * RowHalves + k + (matrix & 1) * 8);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
+                                              int lane) {
+    load_a<BM, RowHalves>(f, sx, k, lane);
+    load_b<BM, RowHalves>(f, sw_strip, k, lane);
   }
   template <int BM>
   __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
