@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call for the Gated DeltaNet kernels: build the extension for the GPU at hand, run the GDN GPU tests
-# (8 workers), summarise their errors against the float64 references, run the GDN benchmark. Logs and the table go
+# (4 workers), summarise their errors against the float64 references, run the GDN benchmark. Logs and the table go
 # to $OUT. Usage: OUT=... COMMIT=<hash> bash benchmarks/run_gdn_gpu.sh
 set -uo pipefail
 source benchmarks/gpu_build.sh
-timeout 200 python3 -m pytest -q -n 8 tests/gpu/test_gdn_gpu.py -p no:cacheprovider -rA > "$OUT/gdn-tests.log" 2>&1
+OMP_NUM_THREADS=4 timeout 200 python3 -m pytest -q -n 4 tests/gpu/test_gdn_gpu.py -p no:cacheprovider -rA > "$OUT/gdn-tests.log" 2>&1
 tests_rc=$?
 grep -E "passed|failed|error" "$OUT/gdn-tests.log" | tail -5
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gdn-tests.log" | head -30

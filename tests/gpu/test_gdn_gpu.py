@@ -52,13 +52,23 @@ def _check(name: str, got: torch.Tensor, ref: torch.Tensor, rel_tol: float, max_
 def _check_states(name: str, got: torch.Tensor, ref: torch.Tensor, before: torch.Tensor, owned: torch.Tensor,
                   rel_tol: float) -> None:
     """The owned slots against the reference; every other slot exactly as it was (NaN for most)."""
-    got, owned_slots = got.cpu(), owned.cpu().long()
+    got, ref, owned_slots = got.cpu(), ref.cpu(), owned.cpu().long()
     unowned = torch.ones(got.shape[0], dtype=torch.bool)
     unowned[owned_slots] = False
     untouched = got[unowned].to(before.dtype)
     assert torch.equal(untouched.isnan(), before[unowned].isnan()), f"{name}: a slot no sequence owns was written"
     assert torch.equal(untouched.nan_to_num(), before[unowned].nan_to_num()), f"{name}: an unowned slot changed"
     _check(name, got[owned_slots].double(), ref[owned_slots], rel_tol, 5 * rel_tol)
+
+
+def _reference_prefill(batch: gdn.RandomGdnBatch, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, state) of the float64 reference, run on the GPU in its chunked form (equal to the token-by-token
+    definition: tests/test_gdn_reference.py), so that the oracle takes milliseconds instead of CPU seconds."""
+    f64 = {n: getattr(batch, n).cuda().double() for n in ("q", "k", "v", "g", "beta", "state")}
+    out = gdn.reference_chunk_gated_delta_rule(f64["q"], f64["k"], f64["v"], f64["g"], f64["beta"], f64["state"],
+                                               batch.state_indices, batch.cu_seqlens, batch.has_initial_state,
+                                               chunk_size=64, **kwargs)
+    return out, f64["state"]
 
 
 def _prefill_case(name: str, lengths: list[int], k_heads: int, v_heads: int, head_dim: int, mma: int,
@@ -70,10 +80,7 @@ def _prefill_case(name: str, lengths: list[int], k_heads: int, v_heads: int, hea
                                has_initial=has_initial, normalised=not l2norm, seed=seed)
     for seq in padded:
         batch.state_indices[seq] = null_slot
-    ref_state = batch.state.double()
-    ref = gdn.reference_chunk_gated_delta_rule(batch.q, batch.k, batch.v, batch.g.double(), batch.beta.double(),
-                                               ref_state, batch.state_indices, batch.cu_seqlens,
-                                               batch.has_initial_state, use_qk_l2norm=l2norm, null_slot=null_slot)
+    ref, ref_state = _reference_prefill(batch, use_qk_l2norm=l2norm, null_slot=null_slot)
     cuda = {n: getattr(batch, n).cuda() for n in ("q", "k", "v", "g", "beta", "state", "state_indices", "cu_seqlens",
                                                   "has_initial_state")}
     out = torch.full(batch.v.shape, float("nan"), dtype=torch.float16, device="cuda")
@@ -126,10 +133,7 @@ def test_state_carry_over_pieces_then_decode(mma):
         pytest.skip(f"the SM{mma} atom needs a newer GPU")
     total, pieces, decode_steps = 297, [100, 77, 1, 115], 4
     batch = gdn.RandomGdnBatch([total], 4, 12, 128, has_initial=[False], seed=31)
-    ref_state = batch.state.double()
-    ref = gdn.reference_chunk_gated_delta_rule(batch.q, batch.k, batch.v, batch.g.double(), batch.beta.double(),
-                                               ref_state, batch.state_indices, batch.cu_seqlens,
-                                               batch.has_initial_state)
+    ref, ref_state = _reference_prefill(batch)
     state, indices = batch.state.cuda(), batch.state_indices.cuda()
     outs, begin = [], 0
     for i, length in enumerate(pieces):
@@ -157,9 +161,7 @@ def test_chunked_prefill_strided_views_of_mixed_qkv():
     q = mixed[:, :hk].view(tokens, 2, 64)
     k = mixed[:, hk:2 * hk].view(tokens, 2, 64)
     v = mixed[:, 2 * hk:].view(tokens, 6, 64)
-    ref_state = batch.state.double()
-    ref = gdn.reference_chunk_gated_delta_rule(batch.q, batch.k, batch.v, batch.g.double(), batch.beta.double(),
-                                               ref_state, batch.state_indices, batch.cu_seqlens)
+    ref, ref_state = _reference_prefill(batch)
     state = batch.state.cuda()
     wide_out = torch.full((tokens, 8, 64), float("nan"), dtype=torch.float16, device="cuda")
     out = gdn.chunk_gated_delta_rule(q, k, v, batch.g.cuda(), batch.beta.cuda(), state, batch.state_indices.cuda(),
@@ -179,9 +181,10 @@ def test_recurrent_decode(batch_size, head_dim, state_dtype, l2norm):
                                seed=batch_size + head_dim)
     if batch_size > 1:
         batch.state_indices[1] = -1  # a padded entry
-    ref_state = batch.state.double()
-    ref = gdn.reference_recurrent_decode(batch.q, batch.k, batch.v, batch.a, batch.b, batch.A_log, batch.dt_bias,
-                                         ref_state, batch.state_indices, use_qk_l2norm=l2norm)
+    ref_state = batch.state.cuda().double()
+    ref = gdn.reference_recurrent_decode(batch.q.cuda(), batch.k.cuda(), batch.v.cuda(), batch.a.cuda(),
+                                         batch.b.cuda(), batch.A_log.cuda(), batch.dt_bias.cuda(), ref_state,
+                                         batch.state_indices, use_qk_l2norm=l2norm)
     state = batch.state.cuda()
     out = torch.full(batch.v.shape, float("nan"), dtype=torch.float16, device="cuda")
     gdn.recurrent_gated_delta_rule_decode(batch.q.cuda(), batch.k.cuda(), batch.v.cuda(), batch.a.cuda(),
