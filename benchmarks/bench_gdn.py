@@ -146,7 +146,8 @@ def main() -> None:
     ]
     for r in rows:
         sm70 = f"{r['sm70_us']:.1f}" if r["sm70_us"] is not None else "—"
-        lines.append(f"| {r['case']} | {r['ref_us']:.1f} | {r['sm80_us']:.1f} | {r['tokens'] / r['sm80_us'] * 1e6:,.0f} "
+        lines.append(f"| {r['case']} | {r['ref_us']:.1f} | {r['sm80_us']:.1f} | "
+                     f"{r['tokens'] / r['sm80_us'] * 1e6:,.0f} "
                      f"| {r['ref_us'] / r['sm80_us']:.1f}× | {sm70} | {r['check']:.1e} | {r.get('note', '')} |")
     table = "\n".join(lines) + "\n"
     print(table)

@@ -393,7 +393,8 @@ TORCH_LIBRARY_FRAGMENT(volta_fp4, m) {
         "Tensor(b!) state, Tensor state_indices, Tensor? has_initial_state, Tensor cu_seqlens, float scale, "
         "bool use_qk_l2norm, int null_slot, int mma) -> ()");
   m.def("gdn_recurrent_decode(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, "
-        "Tensor dt_bias, Tensor(b!) state, Tensor state_indices, float scale, bool use_qk_l2norm, int null_slot) -> ()");
+        "Tensor dt_bias, Tensor(b!) state, Tensor state_indices, float scale, bool use_qk_l2norm, "
+        "int null_slot) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(volta_fp4, CUDA, m) {

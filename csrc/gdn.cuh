@@ -383,7 +383,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) chunk_state_kernel(const Chu
   const int slot = p.state_indices[seq];
   uint16_t* out = p.out + hv * p.out_head_stride + v0;
   if (is_padding(slot, p.null_slot)) {
-    for (int e = tid; e < len * kVSlice; e += kBlockThreads) out[(begin + e / kVSlice) * p.out_token_stride + e % kVSlice] = 0;
+    for (int e = tid; e < len * kVSlice; e += kBlockThreads)
+      out[(begin + e / kVSlice) * p.out_token_stride + e % kVSlice] = 0;
     return;
   }
   const int h = hv / p.heads_per_k_head;
@@ -467,8 +468,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) chunk_state_kernel(const Chu
     for (int s = 0; s < kStateStrips; ++s)
 #pragma unroll
       for (int i = 0; i < kVSlice / 2; ++i) s_acc[s][i] *= chunk_decay;
-    warp_mma<Mma, kVSlice, kStateStrips, kChunk, kTokenRowHalves>(s_acc, ut_decayed, kt + warp * kStateCols * kTokenRowHalves,
-                                                                  lane);
+    warp_mma<Mma, kVSlice, kStateStrips, kChunk, kTokenRowHalves>(s_acc, ut_decayed,
+                                                                  kt + warp * kStateCols * kTokenRowHalves, lane);
     store_s0();  // nobody reads s0 between the barrier above and the next chunk's
   }
 

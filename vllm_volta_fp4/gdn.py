@@ -310,7 +310,8 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         O = torch.exp(G)[:, :, None] * (qc @ S.transpose(-1, -2)) * scale + P @ U
         out[c0: c0 + n] = O.transpose(0, 1)
         G_last = G[:, -1]
-        S = torch.exp(G_last)[:, None, None] * S + (U * torch.exp(G_last[:, None] - G)[:, :, None]).transpose(-1, -2) @ kc
+        U_decayed = U * torch.exp(G_last[:, None] - G)[:, :, None]
+        S = torch.exp(G_last)[:, None, None] * S + U_decayed.transpose(-1, -2) @ kc
     return out, S
 
 
