@@ -31,16 +31,7 @@
 // registers, no shared-memory round trip for them): see "GEMV path" below.
 #pragma once
 
-// fp16 values travel as raw bits (uint16_t, or uint32_t holding a pair: low half = lower column) and the
-// arithmetic is inline PTX, so the kernels need neither cuda_fp16.h nor a C library: NVRTC compiles this file alone.
-#if defined(__CUDACC_RTC__)
-typedef unsigned char uint8_t;
-typedef unsigned short uint16_t;
-typedef unsigned int uint32_t;
-typedef long long int64_t;
-#else
-#include <stdint.h>
-#endif
+#include "mma_atoms.cuh"
 
 namespace volta_fp4 {
 
@@ -48,7 +39,7 @@ constexpr int kTileN = 64;
 constexpr int kTileK = 128;
 constexpr int kThreads = 128;
 constexpr int kWarpN = 16;               // output columns per warp
-constexpr int kSmemRowHalves = kTileK + 8;  // +16 bytes: rows start in different banks
+static_assert(kSmemRowHalves == kTileK + 8, "an x/w tile row is one row of the atoms' shared-memory layout");
 constexpr int kMaxSplitMTiles = 8;       // split-K semaphores per row strip (see prepare_*)
 
 // Dynamic shared memory of weight_gemm_kernel<…, BM>: two buffers of BM x rows and 64 w rows.
@@ -200,109 +191,6 @@ struct Fp8Format {
     scale[0] = scale[1] = scale[2] = scale[3] = 1.0f;
   }
   static constexpr float kGemvAccFactor = 1.0f;
-};
-
-// ─── MMA atoms ────────────────────────────────────────────────────────────────────────────────────────────
-// A warp's output is BM × 16 (rows × columns of its strip). Each atom says how one k-step reads its fragments
-// from shared memory (x tile [BM][136], w tile [64][136], both k-contiguous) and where accumulator element
-// `i` of this lane lives; elements come in pairs (i even, i+1) of adjacent columns.
-
-// Volta HMMA: mma.sync.aligned.m8n8k4 runs four independent 8×8×4 products, one per quad-pair
-// (lanes q·4…q·4+3 and q·4+16…q·4+19). Quad-pair q takes rows (q & 1)·8 and columns (q >> 1)·8, so one
-// instruction is a 16×16×4 product. Within a quad-pair, lane row/column = lane % 4 + 4·(lane ≥ 16).
-struct Sm70Mma {
-  static constexpr int kK = 4;
-  template <int BM>
-  struct Frags {
-    uint2 a[BM / 16];
-    uint2 b;
-  };
-  template <int BM>
-  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
-                                              int lane) {
-    const int quad_pair = (lane >> 2) & 3, in_pair = (lane & 3) + ((lane >> 4) << 2);
-#pragma unroll
-    for (int mt = 0; mt < BM / 16; ++mt)
-      f.a[mt] = *reinterpret_cast<const uint2*>(sx + (mt * 16 + (quad_pair & 1) * 8 + in_pair) * kSmemRowHalves + k);
-    f.b = *reinterpret_cast<const uint2*>(sw_strip + ((quad_pair >> 1) * 8 + in_pair) * kSmemRowHalves + k);
-  }
-  template <int BM>
-  __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
-#pragma unroll
-    for (int mt = 0; mt < BM / 16; ++mt) {
-      float* c = acc + mt * 8;
-#if defined(__CUDA_ARCH__)
-      asm(
-          "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, {%10,%11}, "
-          "{%0,%1,%2,%3,%4,%5,%6,%7};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
-          : "r"(f.a[mt].x), "r"(f.a[mt].y), "r"(f.b.x), "r"(f.b.y));
-#endif
-    }
-  }
-  // f32 accumulator of m8n8k4 (PTX ISA): row = (lane & 1) + (i & 2) + 4·(lane ≥ 16),
-  // column = (i & 4) + (lane & 2) + (i & 1), inside the quad-pair's 8×8 block.
-  __device__ __forceinline__ static void acc_coord(int lane, int i, int& row, int& col) {
-    const int quad_pair = (lane >> 2) & 3, e = i & 7;
-    row = (i >> 3) * 16 + (quad_pair & 1) * 8 + (lane & 1) + (e & 2) + ((lane >> 4) << 2);
-    col = (quad_pair >> 1) * 8 + (e & 4) + (lane & 2) + (e & 1);
-  }
-};
-
-// Ampere+ mma.sync.aligned.m16n8k16; two per k-step cover the warp's 16 columns. Fragments come from
-// ldmatrix.x4 (four 8×8 matrices per instruction; lane l gives the address of row l % 8 of matrix l / 8).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row_address) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-#elif defined(__CUDA_ARCH__)
-  __trap();  // the host never selects the SM80 atom below compute capability 8.0
-#endif
-}
-
-struct Sm80Mma {
-  static constexpr int kK = 16;
-  template <int BM>
-  struct Frags {
-    uint32_t a[BM / 16][4];  // m16n8k16 A: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (8-15, 8-15)
-    uint32_t b[4];           // B of columns 0-7: (k 0-7), (k 8-15); then columns 8-15 likewise
-  };
-  template <int BM>
-  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
-                                              int lane) {
-    const int matrix = lane >> 3, row = lane & 7;
-#pragma unroll
-    for (int mt = 0; mt < BM / 16; ++mt)
-      ldmatrix_x4(f.a[mt], sx + (mt * 16 + (matrix & 1) * 8 + row) * kSmemRowHalves + k + (matrix >> 1) * 8);
-    ldmatrix_x4(f.b, sw_strip + ((matrix >> 1) * 8 + row) * kSmemRowHalves + k + (matrix & 1) * 8);
-  }
-  template <int BM>
-  __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
-#pragma unroll
-    for (int mt = 0; mt < BM / 16; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        float* c = acc + mt * 8 + nt * 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(f.a[mt][0]), "r"(f.a[mt][1]), "r"(f.a[mt][2]), "r"(f.a[mt][3]), "r"(f.b[2 * nt]),
-              "r"(f.b[2 * nt + 1]));
-#elif defined(__CUDA_ARCH__)
-        __trap();  // the host never selects this atom below compute capability 8.0
-#endif
-      }
-    }
-  }
-  __device__ __forceinline__ static void acc_coord(int lane, int i, int& row, int& col) {
-    const int e = i & 3;
-    row = (i >> 3) * 16 + (lane >> 2) + (e >> 1) * 8;
-    col = ((i >> 2) & 1) * 8 + (lane & 3) * 2 + (e & 1);
-  }
 };
 
 struct GemmParams {

@@ -1,0 +1,145 @@
+// MMA atoms: how one warp multiplies fp16 tiles held in shared memory on the tensor cores, for Volta (m8n8k4)
+// and Ampere+ (m16n8k16). Shared by the GEMM (weight_gemm.cuh) and the other kernel families. Kernel code only
+// (no torch or host headers): NVRTC compiles it for the sm_70 check.
+#pragma once
+
+// fp16 values travel as raw bits (uint16_t, or uint32_t holding a pair: low half = lower column) and the
+// arithmetic is inline PTX, so the kernels need neither cuda_fp16.h nor a C library: NVRTC compiles this file alone.
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+#else
+#include <stdint.h>
+#endif
+
+namespace volta_fp4 {
+
+constexpr int kSmemRowHalves = 128 + 8;  // +16 bytes: rows start in different banks
+
+// ─── MMA atoms ────────────────────────────────────────────────────────────────────────────────────────────
+// A warp's output is BM × 16 (rows × columns of its strip): out[r][c] += Σ_k A[r][k] · B[c][k]. Each atom says
+// how one k-step reads its fragments from shared memory and where accumulator element `i` of this lane lives;
+// elements come in pairs (i even, i+1) of adjacent columns. A (BM rows) and B (the strip's 16 rows) are both
+// k-contiguous rows RowHalves halves apart (default: the GEMM's x tile [BM][136] and w tile [64][136]; any
+// multiple of 8 works, and RowHalves / 2 ≡ 4 mod 8 words keeps the reads bank-conflict free). load_a and load_b
+// fill the two halves of the fragments separately, so a warp that sweeps several strips with one A reads A once.
+
+// Volta HMMA: mma.sync.aligned.m8n8k4 runs four independent 8×8×4 products, one per quad-pair
+// (lanes q·4…q·4+3 and q·4+16…q·4+19). Quad-pair q takes rows (q & 1)·8 and columns (q >> 1)·8, so one
+// instruction is a 16×16×4 product. Within a quad-pair, lane row/column = lane % 4 + 4·(lane ≥ 16).
+struct Sm70Mma {
+  static constexpr int kK = 4;
+  template <int BM>
+  struct Frags {
+    uint2 a[BM / 16];
+    uint2 b;
+  };
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_a(Frags<BM>& f, const uint16_t* sx, int k, int lane) {
+    const int quad_pair = (lane >> 2) & 3, in_pair = (lane & 3) + ((lane >> 4) << 2);
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt)
+      f.a[mt] = *reinterpret_cast<const uint2*>(sx + (mt * 16 + (quad_pair & 1) * 8 + in_pair) * RowHalves + k);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_b(Frags<BM>& f, const uint16_t* sw_strip, int k, int lane) {
+    const int quad_pair = (lane >> 2) & 3, in_pair = (lane & 3) + ((lane >> 4) << 2);
+    f.b = *reinterpret_cast<const uint2*>(sw_strip + ((quad_pair >> 1) * 8 + in_pair) * RowHalves + k);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
+                                              int lane) {
+    load_a<BM, RowHalves>(f, sx, k, lane);
+    load_b<BM, RowHalves>(f, sw_strip, k, lane);
+  }
+  template <int BM>
+  __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt) {
+      float* c = acc + mt * 8;
+#if defined(__CUDA_ARCH__)
+      asm(
+          "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, {%10,%11}, "
+          "{%0,%1,%2,%3,%4,%5,%6,%7};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
+          : "r"(f.a[mt].x), "r"(f.a[mt].y), "r"(f.b.x), "r"(f.b.y));
+#endif
+    }
+  }
+  // f32 accumulator of m8n8k4 (PTX ISA): row = (lane & 1) + (i & 2) + 4·(lane ≥ 16),
+  // column = (i & 4) + (lane & 2) + (i & 1), inside the quad-pair's 8×8 block.
+  __device__ __forceinline__ static void acc_coord(int lane, int i, int& row, int& col) {
+    const int quad_pair = (lane >> 2) & 3, e = i & 7;
+    row = (i >> 3) * 16 + (quad_pair & 1) * 8 + (lane & 1) + (e & 2) + ((lane >> 4) << 2);
+    col = (quad_pair >> 1) * 8 + (e & 4) + (lane & 2) + (e & 1);
+  }
+};
+
+// Ampere+ mma.sync.aligned.m16n8k16; two per k-step cover the warp's 16 columns. Fragments come from
+// ldmatrix.x4 (four 8×8 matrices per instruction; lane l gives the address of row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row_address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // the host never selects the SM80 atom below compute capability 8.0
+#endif
+}
+
+struct Sm80Mma {
+  static constexpr int kK = 16;
+  template <int BM>
+  struct Frags {
+    uint32_t a[BM / 16][4];  // m16n8k16 A: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (8-15, 8-15)
+    uint32_t b[4];           // B of columns 0-7: (k 0-7), (k 8-15); then columns 8-15 likewise
+  };
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_a(Frags<BM>& f, const uint16_t* sx, int k, int lane) {
+    const int matrix = lane >> 3, row = lane & 7;
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt)
+      ldmatrix_x4(f.a[mt], sx + (mt * 16 + (matrix & 1) * 8 + row) * RowHalves + k + (matrix >> 1) * 8);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_b(Frags<BM>& f, const uint16_t* sw_strip, int k, int lane) {
+    const int matrix = lane >> 3, row = lane & 7;
+    ldmatrix_x4(f.b, sw_strip + ((matrix >> 1) * 8 + row) * RowHalves + k + (matrix & 1) * 8);
+  }
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load(Frags<BM>& f, const uint16_t* sx, const uint16_t* sw_strip, int k,
+                                              int lane) {
+    load_a<BM, RowHalves>(f, sx, k, lane);
+    load_b<BM, RowHalves>(f, sw_strip, k, lane);
+  }
+  template <int BM>
+  __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float* c = acc + mt * 8 + nt * 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(f.a[mt][0]), "r"(f.a[mt][1]), "r"(f.a[mt][2]), "r"(f.a[mt][3]), "r"(f.b[2 * nt]),
+              "r"(f.b[2 * nt + 1]));
+#elif defined(__CUDA_ARCH__)
+        __trap();  // the host never selects this atom below compute capability 8.0
+#endif
+      }
+    }
+  }
+  __device__ __forceinline__ static void acc_coord(int lane, int i, int& row, int& col) {
+    const int e = i & 3;
+    row = (i >> 3) * 16 + (lane >> 2) + (e >> 1) * 8;
+    col = ((i >> 2) & 1) * 8 + (lane & 3) * 2 + (e & 1);
+  }
+};
+
+}  // namespace volta_fp4
