@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from event_timing import median_ms
 from vllm_volta_fp4 import attention
 
 # (name, num_heads, num_kv_heads, head_size)
@@ -28,21 +28,6 @@ MODELS = [("qwen3.8-27b", 24, 4, 256), ("llama-like", 32, 8, 128)]
 PREFILL_LENGTHS = [1024, 4096]
 DECODE_CASES = [(1, 4096), (16, 4096), (64, 1024)]  # (batch, context)
 BLOCK_SIZE = 16
-
-
-def median_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def run_case(kind: str, model: tuple, batch_size: int, length: int, repeats: int) -> dict:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 
 import torch
 
+from event_timing import median_ms
 from vllm_volta_fp4 import gdn
 
 K_HEADS, V_HEADS, HEAD_DIM, CONV_WIDTH = 16, 48, 128, 4
@@ -28,18 +28,7 @@ ROTATION_BYTES = 200 * 2**20
 
 
 def median_us(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
+    return median_ms(fn, repeats) * 1000
 
 
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:

@@ -57,6 +57,34 @@ void check_state(const at::Tensor& state, const at::Device& device, int64_t v_he
               "state needs contiguous [D, D] heads and even strides; strides ", state.strides());
 }
 
+struct HeadShape {
+  int64_t k_heads, d, v_heads;
+};
+
+// q, k [rows, H, D] and v, out [rows, HV, D] fp16 on one CUDA device, HV a multiple of H (v-head hv reads k-head
+// hv / (HV / H)).
+HeadShape check_qkv_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
+  const at::Device device = q.device();
+  TORCH_CHECK(device.is_cuda(), "q must be a CUDA tensor");
+  const int64_t rows = q.size(0), k_heads = q.size(1), d = q.size(2), v_heads = v.size(1);
+  check_head_dim(d);
+  check_heads(q, "q", device, rows, k_heads, d);
+  check_heads(k, "k", device, rows, k_heads, d);
+  check_heads(v, "v", device, rows, -1, d);
+  check_heads(out, "out", device, rows, v_heads, d);
+  TORCH_CHECK(v_heads % k_heads == 0, "v heads (", v_heads, ") must be a multiple of k heads (", k_heads, ")");
+  return {k_heads, d, v_heads};
+}
+
+// One value per (row, v-head): a contiguous [rows, HV] tensor of ``type`` on ``device``.
+void check_per_head(const at::Tensor& t, const char* name, const at::Device& device, at::ScalarType type,
+                    int64_t rows, int64_t v_heads) {
+  TORCH_CHECK(t.device() == device && t.scalar_type() == type && t.is_contiguous() && t.dim() == 2 && t.size(0) == rows &&
+                  t.size(1) == v_heads,
+              name, " must be a contiguous ", type, " [", rows, ", ", v_heads, "] tensor on ", device, ", got ", t.scalar_type(),
+              " ", t.sizes());
+}
+
 template <class Kernel>
 void allow_dynamic_smem(Kernel kernel, int bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -235,19 +263,10 @@ void chunked_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, 
                      const c10::optional<at::Tensor>& has_initial_state, const at::Tensor& cu_seqlens, double scale,
                      bool use_qk_l2norm, int64_t null_slot, int64_t mma) {
   const at::Device device = q.device();
-  TORCH_CHECK(device.is_cuda(), "q must be a CUDA tensor");
-  const int64_t tokens = q.size(0), k_heads = q.size(1), d = q.size(2), v_heads = v.size(1);
-  check_head_dim(d);
-  check_heads(q, "q", device, tokens, k_heads, d);
-  check_heads(k, "k", device, tokens, k_heads, d);
-  check_heads(v, "v", device, tokens, -1, d);
-  check_heads(out, "out", device, tokens, v_heads, d);
-  TORCH_CHECK(v_heads % k_heads == 0, "v heads (", v_heads, ") must be a multiple of k heads (", k_heads, ")");
-  for (const auto& [t, name] : {std::pair{&g, "g"}, std::pair{&beta, "beta"}})
-    TORCH_CHECK(t->device() == device && t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
-                    t->size(0) == tokens && t->size(1) == v_heads,
-                name, " must be a contiguous float32 [", tokens, ", ", v_heads, "] tensor, got ", t->scalar_type(),
-                " ", t->sizes());
+  const int64_t tokens = q.size(0);
+  const auto [k_heads, d, v_heads] = check_qkv_out(q, k, v, out);
+  check_per_head(g, "g", device, at::kFloat, tokens, v_heads);
+  check_per_head(beta, "beta", device, at::kFloat, tokens, v_heads);
   check_state(state, device, v_heads, d);
   check_vector(cu_seqlens, "cu_seqlens", device, at::kInt, 1);
   const int64_t num_seqs = cu_seqlens.size(0) - 1;
@@ -330,19 +349,10 @@ void recurrent_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
                       at::Tensor& state, const at::Tensor& state_indices, double scale, bool use_qk_l2norm,
                       int64_t null_slot) {
   const at::Device device = q.device();
-  TORCH_CHECK(device.is_cuda(), "q must be a CUDA tensor");
-  const int64_t batch = q.size(0), k_heads = q.size(1), d = q.size(2), v_heads = v.size(1);
-  check_head_dim(d);
-  check_heads(q, "q", device, batch, k_heads, d);
-  check_heads(k, "k", device, batch, k_heads, d);
-  check_heads(v, "v", device, batch, -1, d);
-  check_heads(out, "out", device, batch, v_heads, d);
-  TORCH_CHECK(v_heads % k_heads == 0, "v heads (", v_heads, ") must be a multiple of k heads (", k_heads, ")");
-  for (const auto& [t, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}})
-    TORCH_CHECK(t->device() == device && t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 2 &&
-                    t->size(0) == batch && t->size(1) == v_heads,
-                name, " must be a contiguous float16 [", batch, ", ", v_heads, "] tensor, got ", t->scalar_type(), " ",
-                t->sizes());
+  const int64_t batch = q.size(0);
+  const auto [k_heads, d, v_heads] = check_qkv_out(q, k, v, out);
+  check_per_head(a, "a", device, at::kHalf, batch, v_heads);
+  check_per_head(b, "b", device, at::kHalf, batch, v_heads);
   check_vector(A_log, "A_log", device, at::kFloat, v_heads);
   check_vector(dt_bias, "dt_bias", device, at::kFloat, v_heads);
   check_state(state, device, v_heads, d);

@@ -14,35 +14,23 @@ VLLM_VOLTA_FP4_MMA sets the default).
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
 from vllm_volta_fp4 import kernels
 
 HEAD_SIZES = (64, 128, 256)
-
-
-@functools.lru_cache(maxsize=None)
-def _ops_loaded() -> bool:
-    if not kernels._extension_loaded() or not hasattr(torch.ops.volta_fp4, "paged_attention"):
-        return False
-    _register_fakes()
-    return True
+_OPS = kernels.OpFamily("paged_attention", lambda: _register_fakes())
 
 
 def kernels_available() -> bool:
     """The extension has the attention ops and a CUDA device is usable."""
-    return _ops_loaded() and torch.cuda.is_available()
-
-
-def _use_kernels(*tensors: torch.Tensor) -> bool:
-    return all(t.is_cuda for t in tensors) and _ops_loaded()
+    return _OPS.available()
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store key/value [tokens, kv_heads, head_size] at ``slot_mapping`` (int64, -1 = skip) in ``kv_cache``."""
-    if _use_kernels(key, kv_cache):
+    if _OPS.runs_on(key, kv_cache):
         torch.ops.volta_fp4.write_kv_cache(key, value, kv_cache, slot_mapping)
     else:
         reference_write_kv_cache(key, value, kv_cache, slot_mapping)
@@ -58,7 +46,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: to
     query tiles alone would leave the GPU idle (decode, long contexts); n forces n splits (tests)."""
     if out is None:
         out = torch.empty_like(query)
-    if _use_kernels(query, kv_cache):
+    if _OPS.runs_on(query, kv_cache):
         torch.ops.volta_fp4.paged_attention(
             out, query, kv_cache, block_table, query_start_loc, seq_lens, int(max_seq_len), float(scale),
             int(sliding_window or 0), kernels.default_mma() if mma is None else mma, int(num_splits))

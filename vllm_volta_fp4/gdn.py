@@ -30,7 +30,6 @@ with -1; vLLM 0.20.2 reserves slot 0 as its null block, so pass ``null_slot=0`` 
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -45,21 +44,12 @@ SOFTPLUS_THRESHOLD = 20.0
 FALLBACK_CHUNK_SIZE = 64  # the CPU fallback runs the chunked formulation: far fewer, larger torch ops
 
 
-@functools.lru_cache(maxsize=None)
-def _ops_loaded() -> bool:
-    if not kernels._extension_loaded() or not hasattr(torch.ops.volta_fp4, "gdn_chunked_prefill"):
-        return False
-    _register_fakes()
-    return True
+_OPS = kernels.OpFamily("gdn_chunked_prefill", lambda: _register_fakes())
 
 
 def kernels_available() -> bool:
     """The extension has the GDN ops and a CUDA device is usable."""
-    return _ops_loaded() and torch.cuda.is_available()
-
-
-def _use_kernels(*tensors: torch.Tensor) -> bool:
-    return all(t.is_cuda for t in tensors) and _ops_loaded()
+    return _OPS.available()
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +63,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
     """x / sqrt(sum(x²) + eps) over the last dimension (vLLM's fla ``l2norm_fwd``)."""
-    if _use_kernels(x) and x.dtype == torch.float16:
+    if _OPS.runs_on(x) and x.dtype == torch.float16:
         rows = _rows(x)
         out = torch.empty_like(rows)
         torch.ops.volta_fp4.gdn_l2norm(out, rows, float(eps))
@@ -84,7 +74,7 @@ def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """rmsnorm(x) · weight · silu(z) over the last dimension, in fp32, rounded once (vLLM's ``RMSNormGated`` with
     ``norm_before_gate=True``, no groups, SiLU gate)."""
-    if _use_kernels(x, z, weight) and x.dtype == torch.float16:
+    if _OPS.runs_on(x, z, weight) and x.dtype == torch.float16:
         rows = _rows(x)
         out = torch.empty_like(rows)
         torch.ops.volta_fp4.gdn_gated_rms_norm(out, rows, _rows(z), weight.to(torch.float16).contiguous(), float(eps))
@@ -104,7 +94,7 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     and leaves its last ``width - 1`` inputs there. Returns ``out`` [tokens, dim] in x's dtype."""
     silu = _check_activation(activation)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
-    if _use_kernels(x, weight, conv_state) and x.dtype == torch.float16:
+    if _OPS.runs_on(x, weight, conv_state) and x.dtype == torch.float16:
         torch.ops.volta_fp4.gdn_causal_conv1d_prefill(
             out, x, weight.contiguous(), bias, conv_state, query_start_loc, cache_indices, has_initial_state, silu,
             int(null_slot))
@@ -121,7 +111,7 @@ def causal_conv1d_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     one (vLLM's ``causal_conv1d_update`` without speculative tokens). Returns ``out`` [batch, dim]."""
     silu = _check_activation(activation)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
-    if _use_kernels(x, weight, conv_state) and x.dtype == torch.float16:
+    if _OPS.runs_on(x, weight, conv_state) and x.dtype == torch.float16:
         torch.ops.volta_fp4.gdn_causal_conv1d_decode(out, x, weight.contiguous(), bias, conv_state, cache_indices,
                                                      silu, int(null_slot))
     else:
@@ -145,7 +135,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     the cache itself it replaces the gather / scatter around that call."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device) if out is None else out
-    if _use_kernels(q, k, v, state) and q.dtype == torch.float16:
+    if _OPS.runs_on(q, k, v, state) and q.dtype == torch.float16:
         torch.ops.volta_fp4.gdn_chunked_prefill(
             out, q, k, v, g.float().contiguous(), beta.float().contiguous(), state, state_indices, has_initial_state,
             cu_seqlens, scale, bool(use_qk_l2norm), int(null_slot), kernels.default_mma() if mma is None else mma)
@@ -168,7 +158,7 @@ def recurrent_gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch
     [batch, H, K], v [batch, HV, V]; returns ``out`` (o [batch, HV, V])."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device) if out is None else out
-    if _use_kernels(q, k, v, state) and q.dtype == torch.float16:
+    if _OPS.runs_on(q, k, v, state) and q.dtype == torch.float16:
         torch.ops.volta_fp4.gdn_recurrent_decode(
             out, q, k, v, a.contiguous(), b.contiguous(), A_log.float().contiguous(), dt_bias.float().contiguous(),
             state, state_indices, scale, bool(use_qk_l2norm), int(null_slot))

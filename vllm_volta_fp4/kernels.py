@@ -38,6 +38,30 @@ def is_available() -> bool:
     return _extension_loaded() and torch.cuda.is_available()
 
 
+class OpFamily:
+    """One family of extension ops beside the GEMMs (attention, Gated DeltaNet): present when the extension was
+    built with its ``probe`` op; its fake implementations are registered on first use."""
+
+    def __init__(self, probe: str, register_fakes):
+        self.probe = probe
+        self._register_fakes = register_fakes
+
+    @functools.cached_property
+    def loaded(self) -> bool:
+        if not _extension_loaded() or not hasattr(torch.ops.volta_fp4, self.probe):
+            return False
+        self._register_fakes()
+        return True
+
+    def available(self) -> bool:
+        """The ops exist and a CUDA device is usable."""
+        return self.loaded and torch.cuda.is_available()
+
+    def runs_on(self, *tensors: torch.Tensor) -> bool:
+        """The kernels should take these tensors: all on CUDA, ops present (else the reference runs)."""
+        return all(t.is_cuda for t in tensors) and self.loaded
+
+
 def default_mma() -> int:
     name = os.environ.get("VLLM_VOLTA_FP4_MMA", "").strip().lower()
     if name not in _MMA_BY_NAME:
