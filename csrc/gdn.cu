@@ -85,6 +85,20 @@ void check_per_head(const at::Tensor& t, const char* name, const at::Device& dev
               " ", t.sizes());
 }
 
+// The q, k, v pointers and token/head strides of ChunkParams and DecodeParams (same field names in both).
+template <class Params>
+void set_qkv(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  p.q = half_ptr(q);
+  p.q_token_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.k = half_ptr(k);
+  p.k_token_stride = k.stride(0);
+  p.k_head_stride = k.stride(1);
+  p.v = half_ptr(v);
+  p.v_token_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+}
+
 template <class Kernel>
 void allow_dynamic_smem(Kernel kernel, int bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -294,15 +308,7 @@ void chunked_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, 
   at::Tensor g_cumsum = at::empty({chunk_slots, v_heads, kChunk}, q.options().dtype(at::kFloat));
 
   ChunkParams p{};
-  p.q = half_ptr(q_used);
-  p.q_token_stride = q_used.stride(0);
-  p.q_head_stride = q_used.stride(1);
-  p.k = half_ptr(k_used);
-  p.k_token_stride = k_used.stride(0);
-  p.k_head_stride = k_used.stride(1);
-  p.v = half_ptr(v);
-  p.v_token_stride = v.stride(0);
-  p.v_head_stride = v.stride(1);
+  set_qkv(p, q_used, k_used, v);
   p.g = g.data_ptr<float>();
   p.beta = beta.data_ptr<float>();
   p.cu_seqlens = cu_seqlens.data_ptr<int>();
@@ -360,15 +366,7 @@ void recurrent_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
   if (batch == 0) return;
   const c10::cuda::CUDAGuard guard(device);
   DecodeParams p{};
-  p.q = half_ptr(q);
-  p.q_token_stride = q.stride(0);
-  p.q_head_stride = q.stride(1);
-  p.k = half_ptr(k);
-  p.k_token_stride = k.stride(0);
-  p.k_head_stride = k.stride(1);
-  p.v = half_ptr(v);
-  p.v_token_stride = v.stride(0);
-  p.v_head_stride = v.stride(1);
+  set_qkv(p, q, k, v);
   p.a = half_ptr(a);
   p.b = half_ptr(b);
   p.A_log = A_log.data_ptr<float>();
