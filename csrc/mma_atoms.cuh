@@ -75,6 +75,41 @@ struct Sm70Mma {
     row = (i >> 3) * 16 + (quad_pair & 1) * 8 + (lane & 1) + (e & 2) + ((lane >> 4) << 2);
     col = (quad_pair >> 1) * 8 + (e & 4) + (lane & 2) + (e & 1);
   }
+  // ─ GEMV hooks (weight_gemv_kernel in weight_gemm.cuh, its "GEMV path" section). Quad-pair q, row i of the pair, loads record lane slot
+  // v = 4i + q; per step two products (rows g, g+8 of the row group: accumulators [r·8 + e]) with B = x[i][c … c+3].
+  static constexpr int kGemvAcc = 16;
+  static constexpr int kGemvChains = 1;  // the two products per step are independent already
+  __device__ __forceinline__ static int gemv_slot(int lane) {
+    return 4 * ((lane & 3) + ((lane >> 4) << 2)) + ((lane >> 2) & 3);
+  }
+  __device__ __forceinline__ static void gemv_mma(float (&c)[16], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float* d = c + 8 * r;
+#if defined(__CUDA_ARCH__)
+      asm(
+          "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, {%10,%11}, "
+          "{%0,%1,%2,%3,%4,%5,%6,%7};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+          : "r"(a[r]), "r"(a[r + 2]), "r"(b0), "r"(b1));
+#endif
+    }
+  }
+  // The four quad-pairs hold partial sums of the same outputs (different columns): add them, same order in all.
+  __device__ __forceinline__ static void gemv_reduce(float (&c)[16]) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      c[i] += __shfl_xor_sync(0xFFFFFFFFu, c[i], 4);
+      c[i] += __shfl_xor_sync(0xFFFFFFFFu, c[i], 8);
+    }
+  }
+  __device__ __forceinline__ static bool gemv_writes(int lane) { return ((lane >> 2) & 3) == 0; }
+  // Accumulator i of this lane: row of the row group and row m of x (m8n8k4 f32 layout as in acc_coord).
+  __device__ __forceinline__ static void gemv_coord(int lane, int i, int& row, int& m) {
+    const int e = i & 7;
+    row = (i >> 3) * 8 + (lane & 1) + (e & 2) + ((lane >> 4) << 2);
+    m = (e & 4) + (lane & 2) + (e & 1);
+  }
 };
 
 // Ampere+ mma.sync.aligned.m16n8k16; two per k-step cover the warp's 16 columns. Fragments come from
@@ -139,6 +174,26 @@ struct Sm80Mma {
     const int e = i & 3;
     row = (i >> 3) * 16 + (lane >> 2) + (e >> 1) * 8;
     col = ((i >> 2) & 1) * 8 + (lane & 3) * 2 + (e & 1);
+  }
+  // ─ GEMV hooks: lane slot v = lane; A = rows g, g+8 (g = lane / 4), B column g = x row g; accumulators
+  // (row g, m 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) with t = lane % 4.
+  static constexpr int kGemvAcc = 4;
+  static constexpr int kGemvChains = 2;  // accumulator sets (column halves h) so that MMAs need not wait on each other
+  __device__ __forceinline__ static int gemv_slot(int lane) { return lane; }
+  __device__ __forceinline__ static void gemv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(__CUDA_ARCH__)
+    __trap();  // the host never selects this atom below compute capability 8.0
+#endif
+  }
+  __device__ __forceinline__ static void gemv_reduce(float (&)[4]) {}
+  __device__ __forceinline__ static bool gemv_writes(int) { return true; }
+  __device__ __forceinline__ static void gemv_coord(int lane, int i, int& row, int& m) {
+    row = (lane >> 2) + (i >> 1) * 8;
+    m = (lane & 3) * 2 + (i & 1);
   }
 };
 

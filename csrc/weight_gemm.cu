@@ -16,26 +16,19 @@ namespace {
 
 enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3 };
 
-// Largest M that `auto` sends to the CUDA-core GEMV (weight_gemv_kernel); VLLM_VOLTA_FP4_GEMV_MAX_M overrides it
-// (0 disables, values above kGemvMaxM are clamped). The GEMV reads the same bytes whatever M is, but its
-// instructions grow with M (the fused kernel's per-row cost sits on the tensor cores instead), so it wins while the
-// instruction stream still hides under the weight stream. Cost per weight (counted from the kernel): NVFP4
-// decoding ≈ 15 integer instructions / 8 weights ≈ 1.9, loads/scales/loop ≈ 0.4, and per row of x 0.5 HFMA2 +
-// 0.125 LDS.128 + 0.25 (fp16→fp32, add, fp32 FMA per 16) ≈ 0.9: about 2.3 + 0.9·M instructions per weight.
-//   sm_70 (V100 SXM2: 80 SMs × 1.53 GHz; 15.7 TFLOP/s FP32 = 7.8 T lane-ops/s on the FMA pipe, 15.7 T issue
-//   slots/s over both pipes; 870 GB/s ÷ 0.5625 B/weight = 1.55 T weights/s): 10.1 issue slots and 5.1 FMA-pipe
-//   lane-ops per weight at full bandwidth. At a realistic ~60 % issue efficiency 2.3 + 0.9·M ≤ 6.1 gives M ≤ 4.2
-//   (the FMA pipe alone, 0.75·M ≤ 5.1 at full rate, allows M ≤ 6) → default 4.
-//   sm_80+ : measured on the H200 (benchmarks/results/gemm-h200-quick.md, qkv / o_proj): GEMV vs fused µs at
-//   M = 1: 19.1 / 30.5 and 11.6 / 17.0; M = 4: 30.8 / 31.0 and 18.1 / 17.0; M = 8: 46.0 / 32.1 and 25.9 / 17.5.
-//   The GEMV grows by ~3.9 µs (qkv) per row of x, so it is ahead up to M = 3 → default 3.
-int64_t gemv_max_m(const at::Device& device) {
-  static const int64_t from_env = [] {
+// Largest M that `auto` sends to the GEMV (weight_gemv_kernel); VLLM_VOLTA_FP4_GEMV_MAX_M overrides it (0 disables,
+// values above kGemvMaxM are clamped). The GEMV decodes each weight once into MMA fragments and the tensor cores
+// apply it to all M ≤ 8 rows, so its cost per weight does not grow with M (NVFP4 decode: 15 integer + 4 fp16
+// multiplies per 8 weights; mma.sync: 1 m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on
+// sm_70, so ≈ 3.4 issue slots per weight on a V100 against 10.1 available at full bandwidth). It reads the same
+// bytes as the fused kernel without the shared-memory round trip, so it is taken for every M it supports.
+int64_t gemv_max_m() {
+  static const int64_t value = [] {
     const char* env = std::getenv("VLLM_VOLTA_FP4_GEMV_MAX_M");
-    return env ? std::atoll(env) : int64_t(-1);
+    const int64_t from_env = env ? std::atoll(env) : int64_t(-1);
+    return from_env >= 0 ? std::min<int64_t>(from_env, kGemvMaxM) : int64_t(kGemvMaxM);
   }();
-  if (from_env >= 0) return std::min<int64_t>(from_env, kGemvMaxM);
-  return at::cuda::getDeviceProperties(device.index())->major < 8 ? 4 : 3;
+  return value;
 }
 
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200
@@ -93,23 +86,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prepare_nvfp4(const at::Tensor& p
   const c10::cuda::CUDAGuard guard(packed.device());
   const int64_t np = round_up(n, kTileN), kp = round_up(k, kTileK);
   const at::Tensor codes_padded = at::constant_pad_nd(packed.contiguous(), {0, (kp - k) / 2, 0, np - n});
-  // Nibble order inside each 32-bit word: [e0 e2 e4 e6 | e1 e3 e5 e7] (see weight_gemm.cuh).
-  const at::Tensor bytes = codes_padded.reshape({np, kp / 8, 4});
-  const at::Tensor low = at::bitwise_and(bytes, 15), high = at::bitwise_right_shift(bytes, 4);
-  const at::Tensor even = low, odd = high;  // element 2i is byte i's low nibble, 2i+1 its high nibble
-  const at::Tensor reordered_low = at::stack({even.select(2, 0), even.select(2, 2), odd.select(2, 0), odd.select(2, 2)}, 2);
-  const at::Tensor reordered_high = at::stack({even.select(2, 1), even.select(2, 3), odd.select(2, 1), odd.select(2, 3)}, 2);
-  const at::Tensor words = at::bitwise_or(reordered_low, at::bitwise_left_shift(reordered_high, 4));
-  // [np, kp/2] bytes → tiles: (nt, row, kt, h, j, 16) → (nt, kt, j, h, row, 16).
-  const at::Tensor code_tiles = words.reshape({np / kTileN, kTileN, kp / kTileK, 2, 2, 16})
-                                    .permute({0, 2, 4, 3, 1, 5})
-                                    .reshape({np / kTileN, kp / kTileK, 4096});
+  // Element e of a row is byte e / 2's low (even e) or high nibble.
+  const at::Tensor nibbles =
+      at::stack({at::bitwise_and(codes_padded, 15), at::bitwise_right_shift(codes_padded, 4)}, 2).reshape({np, kp});
+  // Row = ((nt·4 + rg)·2 + r)·8 + g, column = ((kt·2 + h)·4 + t)·16 + 4b + 2·pair + q (layout in weight_gemm.cuh):
+  // record bytes in the order (h, g, t, b, q, pair), each byte = nibble r = 0 (low) and r = 1 (high).
+  const at::Tensor ordered = nibbles.reshape({np / kTileN, 4, 2, 8, kp / kTileK, 2, 4, 4, 2, 2})
+                                 .permute({0, 4, 1, 5, 3, 6, 7, 9, 8, 2});
+  const at::Tensor code_records =
+      at::bitwise_or(ordered.select(9, 0), at::bitwise_left_shift(ordered.select(9, 1), 4))
+          .reshape({np / kTileN, kp / kTileK, 4, 1024});
+  // Scales: row (nt, rg, r, g), block (kt, h, t) → record bytes (g, t, h, r).
   const at::Tensor scales_padded =
       at::constant_pad_nd(block_scale.contiguous().view(at::kByte), {0, (kp - k) / 16, 0, np - n});
-  const at::Tensor scale_tiles = scales_padded.reshape({np / kTileN, kTileN, kp / kTileK, 2, 4})
-                                     .permute({0, 2, 3, 1, 4})
-                                     .reshape({np / kTileN, kp / kTileK, 512});
-  const at::Tensor tiles = at::cat({code_tiles, scale_tiles}, 2).contiguous();
+  const at::Tensor scale_records = scales_padded.reshape({np / kTileN, 4, 2, 8, kp / kTileK, 2, 4})
+                                       .permute({0, 4, 1, 3, 6, 5, 2})
+                                       .reshape({np / kTileN, kp / kTileK, 4, 128});
+  const at::Tensor tiles =
+      at::cat({code_records, scale_records}, 3).reshape({np / kTileN, kp / kTileK, Nvfp4Format::kChunkBytes}).contiguous();
   return {tiles, make_row_scale(global_scale, n, Nvfp4Format::kRowScaleFactor, packed), make_split_k_counters(n, packed)};
 }
 
@@ -121,9 +115,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prepare_fp8(const at::Tensor& wei
   const c10::cuda::CUDAGuard guard(weight.device());
   const int64_t np = round_up(n, kTileN), kp = round_up(k, kTileK);
   const at::Tensor padded = at::constant_pad_nd(weight.contiguous().view(at::kByte), {0, kp - k, 0, np - n});
-  const at::Tensor tiles = padded.reshape({np / kTileN, kTileN, kp / kTileK, 2, 4, 16})
-                               .permute({0, 2, 4, 3, 1, 5})
-                               .reshape({np / kTileN, kp / kTileK, 8192})
+  // Row (nt, rg, r, g), column (kt, h, t, 16 bytes) → record vectors (h, r, g, t).
+  const at::Tensor tiles = padded.reshape({np / kTileN, 4, 2, 8, kp / kTileK, 2, 4, 16})
+                               .permute({0, 4, 1, 5, 2, 3, 6, 7})
+                               .reshape({np / kTileN, kp / kTileK, Fp8Format::kChunkBytes})
                                .contiguous();
   return {tiles, make_row_scale(scale, n, Fp8Format::kRowScaleFactor, weight), make_split_k_counters(n, weight)};
 }
@@ -180,52 +175,40 @@ void launch_fused_for_m(const GemmParams& p, int64_t n_tiles, const at::Tensor& 
   launch_fused<Mma, Format, 64>(p, (p.M + 63) / 64, n_tiles, x);
 }
 
-template <class Format, int M>
+template <class Mma, class Format, int M>
 void launch_gemv(GemmParams p, int64_t n_tiles, const at::Tensor& x) {
-  auto kernel = weight_gemv_kernel<Format, M>;
-  // Blocks per SM as registers allow; the x slice per block is then capped so that shared memory does not lower
-  // that (V100: 96 KB per SM) nor exceed kGemvMaxSmemBytes (48 KB needs no opt-in attribute).
-  static int blocks_per_sm = [&] {
+  auto kernel = weight_gemv_kernel<Mma, Format, M>;
+  static const int blocks_per_sm = [&] {
     int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGemvThreads, 0));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
     return std::max(blocks, 1);
   }();
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  const int64_t smem_per_block = std::min<int64_t>(
-      kGemvMaxSmemBytes, int64_t(props->sharedMemPerMultiprocessor) / blocks_per_sm - 8 * 1024 /* static + reserved */);
-  const int64_t max_per_split = std::max<int64_t>(1, smem_per_block / gemv_smem_bytes(M, 1));
-  // Split K over whole waves as launch_fused does.
-  const int64_t slots = int64_t(props->multiProcessorCount) * blocks_per_sm;
-  const int64_t blocks = (n_tiles + kGemvStrips - 1) / kGemvStrips;
-  int64_t per_split = std::min<int64_t>(p.k_tiles, max_per_split), best_cost = INT64_MAX;
-  for (int64_t s = (p.k_tiles + max_per_split - 1) / max_per_split; s <= p.k_tiles; ++s) {
-    const int64_t per = (p.k_tiles + s - 1) / s, used = (p.k_tiles + per - 1) / per;
-    const int64_t waves = (blocks * used + slots - 1) / slots, cost = waves * (per + 2);
-    if (cost < best_cost) best_cost = cost, per_split = per;
-  }
-  p.k_tiles_per_split = int(per_split);
-  p.splits = int((p.k_tiles + per_split - 1) / per_split);
+  // Stream-K: the (strip, k-tile) stream cut into one equal range per resident block slot (one wave).
+  const int64_t slots = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * blocks_per_sm;
+  const int64_t tiles = n_tiles * p.k_tiles;
+  const int64_t per = std::max<int64_t>(kGemvMinTilesPerBlock, (tiles + slots - 1) / slots);
+  const int64_t blocks = (tiles + per - 1) / per;
+  p.tiles_per_block = int(per);
   at::Tensor partials;
-  if (p.splits > 1) {
-    partials = at::empty({p.splits, p.M, n_tiles * kTileN}, x.options().dtype(at::kFloat));
+  if (per % p.k_tiles != 0) {  // some strips are split between blocks
+    partials = at::empty({blocks, 2, p.M, kTileN}, x.options().dtype(at::kFloat));
     p.partials = partials.data_ptr<float>();
   }
-  const dim3 grid(unsigned(blocks), unsigned(p.splits));
-  kernel<<<grid, kGemvThreads, gemv_smem_bytes(M, p.k_tiles_per_split), at::cuda::getCurrentCUDAStream()>>>(p);
+  kernel<<<unsigned(blocks), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <class Format>
+template <class Mma, class Format>
 void launch_gemv_for_m(const GemmParams& p, int64_t n_tiles, const at::Tensor& x) {
   switch (p.M) {
-    case 1: return launch_gemv<Format, 1>(p, n_tiles, x);
-    case 2: return launch_gemv<Format, 2>(p, n_tiles, x);
-    case 3: return launch_gemv<Format, 3>(p, n_tiles, x);
-    case 4: return launch_gemv<Format, 4>(p, n_tiles, x);
-    case 5: return launch_gemv<Format, 5>(p, n_tiles, x);
-    case 6: return launch_gemv<Format, 6>(p, n_tiles, x);
-    case 7: return launch_gemv<Format, 7>(p, n_tiles, x);
-    case 8: return launch_gemv<Format, 8>(p, n_tiles, x);
+    case 1: return launch_gemv<Mma, Format, 1>(p, n_tiles, x);
+    case 2: return launch_gemv<Mma, Format, 2>(p, n_tiles, x);
+    case 3: return launch_gemv<Mma, Format, 3>(p, n_tiles, x);
+    case 4: return launch_gemv<Mma, Format, 4>(p, n_tiles, x);
+    case 5: return launch_gemv<Mma, Format, 5>(p, n_tiles, x);
+    case 6: return launch_gemv<Mma, Format, 6>(p, n_tiles, x);
+    case 7: return launch_gemv<Mma, Format, 7>(p, n_tiles, x);
+    case 8: return launch_gemv<Mma, Format, 8>(p, n_tiles, x);
     default: TORCH_CHECK(false, "the GEMV path (path=3) takes M <= ", str(kGemvMaxM), " rows, got ", str(p.M));
   }
 }
@@ -302,14 +285,18 @@ at::Tensor weight_gemm(const at::Tensor& x_in, const at::Tensor& weight_tiles, c
   p.k_tiles = int(k_tiles);
 
   const Path chosen = path == int64_t(Path::kAuto)
-                          ? (m <= gemv_max_m(x.device()) ? Path::kGemv
+                          ? (m <= gemv_max_m() ? Path::kGemv
                              : m >= cublas_min_m()       ? Path::kDequantCublas
                                                          : Path::kFused)
                           : Path(path);
   TORCH_CHECK(chosen == Path::kFused || chosen == Path::kDequantCublas || chosen == Path::kGemv,
               "path must be 0 (auto), 1 (fused), 2 (dequantize + cuBLAS) or 3 (GEMV, M <= 8), got ", str(path));
   if (chosen == Path::kGemv) {
-    launch_gemv_for_m<Format>(p, n_tiles, x);
+    if (use_sm70_atom(mma, x.device())) {
+      launch_gemv_for_m<Sm70Mma, Format>(p, n_tiles, x);
+    } else {
+      launch_gemv_for_m<Sm80Mma, Format>(p, n_tiles, x);
+    }
   } else if (chosen == Path::kDequantCublas) {
     dequantize_then_cublas<Format>(p, n_tiles, x, y, bias);
   } else if (use_sm70_atom(mma, x.device())) {

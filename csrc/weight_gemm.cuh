@@ -4,19 +4,23 @@
 // ─── Weight layout ("tiles"), produced once at load by prepare_* in weight_gemm.cu ─────────────────────────
 // W is padded with zeros to Np = N rounded up to kTileN (64) rows and Kp = K rounded up to kTileK (128)
 // columns and cut into tiles of 64 rows × 128 columns. Tile (nt, kt) is one contiguous chunk at byte offset
-// (nt · Kp/128 + kt) · Format::kChunkBytes, so a block that walks K for one row strip reads one contiguous stream.
-// Inside a chunk the bytes are ordered the way the 128 threads of a block load them: thread t owns tile row
-// r = t % 64 and the 64 columns starting at h·64 with h = t / 64, and its j-th 16-byte load is vector
-// j·128 + t. Every load instruction of a warp therefore reads 512 contiguous bytes.
-//   NVFP4 (4608 bytes): vectors 0..255 hold codes: vector (j, h, r) = row r, columns h·64 + j·32 … +31, as
-//     four 32-bit words of 8 codes each, whose nibbles are reordered to [e0 e2 e4 e6 e1 e3 e5 e7] (nibble 0 =
-//     bits 0..3) so that one shift puts an (even, odd) pair into the two fp16 halves of a register.
-//     Bytes 4096..4607: the E4M3 block scales, 4 bytes per thread at 4096 + 4·t: row r, blocks h·4 … h·4+3.
-//   FP8 E4M3 (8192 bytes): vector (j, h, r), j = 0..3, = row r, columns h·64 + j·16 … +15, bytes in order.
-// row_scale[N] (float32, unpadded) carries the per-output-row decode scale times the power of two that the
-// in-register conversion leaves out (see each Format); bias[N] is fp16.
+// (nt · Kp/128 + kt) · Format::kChunkBytes: the whole weight is one stream of chunks in (row strip, k-tile) order.
+// A chunk is 4 records of Format::kRecordBytes, record rg = tile rows 16·rg … 16·rg+15 (a "row group"), each read
+// by one warp. Lane slot v = 0…31 of a record (g = v / 4, t = v % 4) owns rows g and g+8 of the group and, in each
+// 64-column half h, the 16 columns h·64 + 16·t … +15; its j-th 16-byte vector is vector j·32 + v of the record,
+// so every warp load reads 512 contiguous bytes. Word b (0…3) of a lane's half h covers columns
+// c = h·64 + 16·t + 4·b … c+3 of both rows, which is what one MMA step of the GEMV needs in registers
+// (see "GEMV path"); the fused and dequantize kernels store the same 64 weights per thread to shared memory.
+//   NVFP4 (1152-byte records, 4608-byte chunks): vector h = half h, four 32-bit words of 8 E2M1 codes whose
+//     nibbles (nibble 0 = bits 0..3) are [e0 e2 e4 e6 e1 e3 e5 e7] with e(2p+q) = row g + 8·(p & 1), column
+//     c + 2·(p >> 1) + q, so that e2m1_word_to_half2 yields the fp16 pairs (row g, c…c+1), (g+8, c…c+1),
+//     (g, c+2…c+3), (g+8, c+2…c+3). Bytes 1024…1151: the E4M3 block scales, 4 per lane at 1024 + 4·v:
+//     (row g, half 0), (g+8, 0), (g, 1), (g+8, 1) — the one block each of those 16-column pieces lies in.
+//   FP8 E4M3 (2048-byte records, 8192-byte chunks): vector 2·h + r = row g + 8·r, the 16 columns of half h in order.
+// Both formats decode to w · 2^-8 in fp16, exactly (NVFP4: E2M1 × E4M3 block scale has ≤ 5 significant bits and
+// lies in [2^-18, 10.5]); row_scale[N] (float32, unpadded) is the per-output-row decode scale · 2^8; bias[N] is fp16.
 //
-// ─── Pipeline (one kernel template for both formats and both MMA atoms) ──────────────────────────────────
+// ─── Pipeline of the fused kernel (one template for both formats and both MMA atoms) ─────────────────────
 // Block = 4 warps, output tile BM × 64 (BM = 16, 32, 64 by M), K walked in 128-column stages. Volta has no
 // asynchronous copy, so global → shared goes through registers: a ring of Format::kStagesInFlight stages of packed
 // weights (2 at BM = 64, where registers are short) is loaded ahead, each stage is dequantized on its way from
@@ -27,8 +31,8 @@
 // Split-K (small M): blocks of the same output tile write fp32 partials; the last one to arrive (counted with
 // a per-layer semaphore that it resets to zero) sums them in split order (deterministic) and runs the
 // epilogue. Epilogue: acc · row_scale[n] + bias[n], rounded once to fp16.
-// Small M (≤ 8) has a second kernel on the same tiles, weight_gemv_kernel (CUDA cores, weights decoded in
-// registers, no shared-memory round trip for them): see "GEMV path" below.
+// Small M (≤ 8) has a second kernel on the same tiles, weight_gemv_kernel (weights decoded in registers straight
+// into MMA fragments, no shared memory): see "GEMV path" below.
 #pragma once
 
 #include "mma_atoms.cuh"
@@ -65,7 +69,6 @@ __device__ __forceinline__ uint32_t float2_to_half2_rn(float lo_value, float hi_
       : "=r"(out) : "f"(lo_value), "f"(hi_value));
   return out;
 }
-constexpr uint32_t kHalf2TwoPow15 = 0x78007800u;  // (2^15, 2^15)
 
 // E4M3 bytes b0 (bits 0..7) and b1 (bits 16..23) → two fp16 equal to value · 2^-8 (exact: same exponent
 // field width offset by the bias difference 15 - 7, subnormals included).
@@ -73,10 +76,13 @@ __device__ __forceinline__ uint32_t e4m3_pair_to_half2_bits(uint32_t x) {
   return ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
 }
 
-__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t out;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
-  return out;
+// Weights are read once: a 16-byte load that does not allocate in L1 (x, read by the four warps of a block, stays).
+__device__ __forceinline__ uint4 load_stream(const uint4* address) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(address));
+  return v;
 }
 // PTX prmt.b32 in its default mode: selector nibble i picks byte (nibble & 7) of {b (bytes 0-3), c (4-7)} for
 // output byte i, or, when the nibble's bit 3 is set, that byte's sign bit replicated (0x00 for a byte < 0x80).
@@ -105,93 +111,100 @@ __device__ __forceinline__ void e2m1_word_to_half2(uint32_t word, uint32_t* out)
 }
 
 // ─── Weight formats ───────────────────────────────────────────────────────────────────────────────────────
-// Each thread dequantizes its 64 columns of one tile row into 32 fp16 pairs (columns in order).
+// load: one lane's vectors of a record (lane slot v). decode: word b of half h → the four fp16 pairs
+// a[0] = (row g, columns c, c+1), a[1] = (g+8, c, c+1), a[2] = (g, c+2, c+3), a[3] = (g+8, c+2, c+3), value · 2^-8,
+// with the block scales from scales() (computed once per stage).
 struct Nvfp4Format {
   static constexpr int kChunkBytes = 4608;
-  static constexpr int kVectors = 2;
-  static constexpr int kStagesInFlight = 4;
-  static constexpr int kGemvStagesInFlight = 2;  // weight_gemv_kernel: 2 × 36 B loaded ahead per thread
-  // E2M1 bits placed in the fp16 exponent/mantissa give value · 2^-14; block scales are converted to
-  // scale · 2^7 (≤ 57344, exact), so the product is value · scale · 2^-7 and row_scale carries 2^7.
-  static constexpr float kRowScaleFactor = 128.0f;
+  static constexpr int kRecordBytes = kChunkBytes / 4;
+  static constexpr int kStagesInFlight = 4;      // fused kernel: stages of 36 B per thread loaded ahead
+  static constexpr int kGemvStagesInFlight = 2;  // weight_gemv_kernel: tiles (36 B of weights + 64 B of x per lane)
+  static constexpr float kRowScaleFactor = 256.0f;
   struct Stage {
-    uint4 codes[kVectors];
+    uint4 codes[2];
     uint32_t scales;
   };
-  __device__ __forceinline__ static void load(Stage& s, const uint8_t* chunk, int tid) {
-    const uint4* vectors = reinterpret_cast<const uint4*>(chunk);
+  __device__ __forceinline__ static void load(Stage& s, const uint8_t* record, int v) {
+    const uint4* vectors = reinterpret_cast<const uint4*>(record);
+    s.codes[0] = load_stream(vectors + v);
+    s.codes[1] = load_stream(vectors + 32 + v);
+    s.scales = __ldg(reinterpret_cast<const uint32_t*>(record + 1024) + v);
+  }
+  // [h][r]: the block scale of row g + 8r in half h, as scale · 2^-8 in both fp16 halves (exact, subnormals too).
+  struct Scales {
+    uint32_t s[2][2];
+  };
+  __device__ __forceinline__ static Scales scales(const Stage& s) {
+    const uint32_t half0 = e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4140));
+    const uint32_t half1 = e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4342));
+    return {{{broadcast_low(half0), broadcast_high(half0)}, {broadcast_low(half1), broadcast_high(half1)}}};
+  }
+  // E2M1 at true magnitude (exact) times the block scale · 2^-8: one mul.f16x2 per pair, exact (see the layout).
+  __device__ __forceinline__ static void decode(const Stage& s, const Scales& sc, int h, int b, uint32_t (&a)[4]) {
+    uint32_t magnitude[4];
+    e2m1_word_to_half2(reinterpret_cast<const uint32_t*>(&s.codes[h])[b], magnitude);
 #pragma unroll
-    for (int j = 0; j < kVectors; ++j) s.codes[j] = __ldg(vectors + j * kThreads + tid);
-    s.scales = __ldg(reinterpret_cast<const uint32_t*>(chunk + 4096) + tid);
+    for (int p = 0; p < 4; ++p) a[p] = hmul2(magnitude[p], sc.s[h][p & 1]);
   }
-  __device__ __forceinline__ static void dequantize(const Stage& s, uint32_t out[32]) {
-    const uint32_t s01 = hmul2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4140)), kHalf2TwoPow15);
-    const uint32_t s23 = hmul2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4342)), kHalf2TwoPow15);
-    const uint32_t block_scale[4] = {broadcast_low(s01), broadcast_high(s01), broadcast_low(s23), broadcast_high(s23)};
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes);
-#pragma unroll
-    for (int w = 0; w < 4 * kVectors; ++w) {  // word w: columns 8w … 8w+7, block w / 2
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const uint32_t x = words[w] >> (4 * p);  // codes of columns 8w+2p (bits 0..3) and 8w+2p+1 (16..19)
-        const uint32_t bits = ((x << 9) & 0x0E000E00u) | ((x << 12) & 0x80008000u);
-        out[4 * w + p] = hmul2(bits, block_scale[w / 2]);
-      }
-    }
-  }
-  // ─ GEMV hooks (weight_gemv_kernel): a stage is 4 groups of 16 columns; group g = block g of the thread's row.
-  // Group g → the 8 fp16 pairs of columns 16g … 16g+15 at true E2M1 magnitude (words 2g and 2g+1).
-  __device__ __forceinline__ static void gemv_decode(const Stage& s, int g, uint32_t (&out)[8]) {
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes);
-    e2m1_word_to_half2(words[2 * g], out);
-    e2m1_word_to_half2(words[2 * g + 1], out + 4);
-  }
-  // Block scales as fp32 scale · 2^-8 (exact: via fp16, subnormals included). With row_scale = global · 2^7 the
-  // accumulator needs one more factor 2: kGemvAccFactor.
-  __device__ __forceinline__ static void gemv_scales(const Stage& s, float (&scale)[4]) {
-    const float2 s01 = half2_to_float2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4140)));
-    const float2 s23 = half2_to_float2(e4m3_pair_to_half2_bits(__byte_perm(s.scales, 0, 0x4342)));
-    scale[0] = s01.x, scale[1] = s01.y, scale[2] = s23.x, scale[3] = s23.y;
-  }
-  static constexpr float kGemvAccFactor = 2.0f;
 };
 
 struct Fp8Format {
   static constexpr int kChunkBytes = 8192;
-  static constexpr int kVectors = 4;
+  static constexpr int kRecordBytes = kChunkBytes / 4;
   static constexpr int kStagesInFlight = 2;
-  static constexpr int kGemvStagesInFlight = 1;  // weight_gemv_kernel: 64 B loaded ahead per thread
+  static constexpr int kGemvStagesInFlight = 1;  // 64 B of weights + 64 B of x per lane and tile (sm_70 registers)
   static constexpr float kRowScaleFactor = 256.0f;  // e4m3_pair_to_half2_bits leaves out 2^8
   struct Stage {
-    uint4 codes[kVectors];
+    uint4 codes[4];  // [2h + r]: row g + 8r, half h
   };
-  __device__ __forceinline__ static void load(Stage& s, const uint8_t* chunk, int tid) {
-    const uint4* vectors = reinterpret_cast<const uint4*>(chunk);
+  __device__ __forceinline__ static void load(Stage& s, const uint8_t* record, int v) {
+    const uint4* vectors = reinterpret_cast<const uint4*>(record);
 #pragma unroll
-    for (int j = 0; j < kVectors; ++j) s.codes[j] = __ldg(vectors + j * kThreads + tid);
+    for (int j = 0; j < 4; ++j) s.codes[j] = load_stream(vectors + j * 32 + v);
   }
-  __device__ __forceinline__ static void dequantize(const Stage& s, uint32_t out[32]) {
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes);
-#pragma unroll
-    for (int w = 0; w < 4 * kVectors; ++w) {
-      out[2 * w] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4140));
-      out[2 * w + 1] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4342));
-    }
+  struct Scales {};
+  __device__ __forceinline__ static Scales scales(const Stage&) { return {}; }
+  __device__ __forceinline__ static void decode(const Stage& s, const Scales&, int h, int b, uint32_t (&a)[4]) {
+    const uint32_t row_g = reinterpret_cast<const uint32_t*>(&s.codes[2 * h])[b];
+    const uint32_t row_g8 = reinterpret_cast<const uint32_t*>(&s.codes[2 * h + 1])[b];
+    a[0] = e4m3_pair_to_half2_bits(__byte_perm(row_g, 0, 0x4140));
+    a[1] = e4m3_pair_to_half2_bits(__byte_perm(row_g8, 0, 0x4140));
+    a[2] = e4m3_pair_to_half2_bits(__byte_perm(row_g, 0, 0x4342));
+    a[3] = e4m3_pair_to_half2_bits(__byte_perm(row_g8, 0, 0x4342));
   }
-  // GEMV hooks: group g = vector g (columns 16g … 16g+15), values · 2^-8 (row_scale carries 2^8); no block scale.
-  __device__ __forceinline__ static void gemv_decode(const Stage& s, int g, uint32_t (&out)[8]) {
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(s.codes) + 4 * g;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      out[2 * w] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4140));
-      out[2 * w + 1] = e4m3_pair_to_half2_bits(__byte_perm(words[w], 0, 0x4342));
-    }
-  }
-  __device__ __forceinline__ static void gemv_scales(const Stage&, float (&scale)[4]) {
-    scale[0] = scale[1] = scale[2] = scale[3] = 1.0f;
-  }
-  static constexpr float kGemvAccFactor = 1.0f;
 };
+
+// A thread's whole stage (its 64 weights of the record) as fp16: out[h][r][j] = row g + 8r, columns
+// h·64 + 16·t + 2j, +1 (lane slot v = 4g + t). For the kernels that go through shared memory.
+template <class Format>
+__device__ __forceinline__ void dequantize_stage(const typename Format::Stage& s, uint32_t (&out)[2][2][8]) {
+  const typename Format::Scales sc = Format::scales(s);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      uint32_t a[4];
+      Format::decode(s, sc, h, b, a);
+      out[h][0][2 * b] = a[0];
+      out[h][1][2 * b] = a[1];
+      out[h][0][2 * b + 1] = a[2];
+      out[h][1][2 * b + 1] = a[3];
+    }
+  }
+}
+
+// Writes a dequantized stage into a [64][kSmemRowHalves] fp16 tile: row group rg, lane slot v.
+__device__ __forceinline__ void store_stage_to_tile(const uint32_t (&w)[2][2][8], uint16_t* tile, int rg, int v) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      uint4* dst = reinterpret_cast<uint4*>(tile + (rg * 16 + (v >> 2) + 8 * r) * kSmemRowHalves + h * 64 + (v & 3) * 16);
+      dst[0] = *reinterpret_cast<const uint4*>(&w[h][r][0]);
+      dst[1] = *reinterpret_cast<const uint4*>(&w[h][r][4]);
+    }
+  }
+}
 
 struct GemmParams {
   const uint16_t* x;  // [M, K], row stride ldx (elements), 16-byte aligned rows
@@ -204,8 +217,9 @@ struct GemmParams {
   int* counters;           // [Np/64 · kMaxSplitMTiles], zero between calls
   int M, N, K;
   int k_tiles;             // Kp / 128
-  int k_tiles_per_split;
+  int k_tiles_per_split;  // fused kernel: split-K
   int splits;
+  int tiles_per_block;    // GEMV: tiles of the (strip, k-tile) stream per block
 };
 
 __device__ __forceinline__ void store_pair(const GemmParams& p, int m, int n, float v0, float v1) {
@@ -235,7 +249,8 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
   const int n_tile = blockIdx.x, m0 = blockIdx.y * BM, split = blockIdx.z;
   const int kt_begin = split * p.k_tiles_per_split;
   const int kt_count = min(p.k_tiles_per_split, p.k_tiles - kt_begin);
-  const uint8_t* strip = p.weight_tiles + int64_t(n_tile) * p.k_tiles * Format::kChunkBytes;
+  // Warp w loads and dequantizes record w (tile rows 16w … 16w+15) of each chunk.
+  const uint8_t* strip = p.weight_tiles + int64_t(n_tile) * p.k_tiles * Format::kChunkBytes + warp * Format::kRecordBytes;
 
   typename Format::Stage ring[kRing];
   uint4 x_stage[kXVectors];
@@ -251,14 +266,13 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
   // Stage i of this block is k-tile kt_begin + i.
 #pragma unroll
   for (int s = 0; s < kRing; ++s)
-    if (s < kt_count) Format::load(ring[s], strip + int64_t(kt_begin + s) * Format::kChunkBytes, tid);
+    if (s < kt_count) Format::load(ring[s], strip + int64_t(kt_begin + s) * Format::kChunkBytes, lane);
   if (kt_count > 0) load_x(kt_begin);
 
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
 
-  const int w_row = tid % kTileN, w_col = (tid / kTileN) * 64;
   for (int i0 = 0; i0 < kt_count; i0 += kRing) {
 #pragma unroll
     for (int s = 0; s < kRing; ++s) {
@@ -272,14 +286,12 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
         *reinterpret_cast<uint4*>(sx + (q >> 4) * kSmemRowHalves + (q & 15) * 8) = x_stage[v];
       }
       {
-        uint32_t w[32];
-        Format::dequantize(ring[s], w);
-        uint4* dst = reinterpret_cast<uint4*>(sw + w_row * kSmemRowHalves + w_col);
-#pragma unroll
-        for (int c = 0; c < 8; ++c) dst[c] = *reinterpret_cast<const uint4*>(&w[4 * c]);
+        uint32_t w[2][2][8];
+        dequantize_stage<Format>(ring[s], w);
+        store_stage_to_tile(w, sw, warp, lane);
       }
       if (i + kRing < kt_count)
-        Format::load(ring[s], strip + int64_t(kt_begin + i + kRing) * Format::kChunkBytes, tid);
+        Format::load(ring[s], strip + int64_t(kt_begin + i + kRing) * Format::kChunkBytes, lane);
       if (i + 1 < kt_count) load_x(kt_begin + i + 1);
       __syncthreads();
       const uint16_t* sw_strip = sw + warp * kWarpN * kSmemRowHalves;
@@ -339,63 +351,29 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
   }
 }
 
-// ─── GEMV path (small M, PATH_GEMV): CUDA cores, weights decoded in registers ─────────────────────────────
-// Same tiles, same per-thread loads as the fused kernel (Format::load: thread t of a strip reads row t % 64,
-// columns (t / 64)·64 … +63 of each tile; every warp load is 512 contiguous bytes), but the weights never touch
-// shared memory: each thread decodes its 64 weights per tile in registers and multiplies them with x, which the
-// block stages once in shared memory for its whole K range (M rows × k_tiles_per_split · 128 halves; all lanes of
-// a warp read the same x address, so the reads are broadcasts). A ring of Format::kGemvStagesInFlight tiles per thread
-// is kept in flight (the refill is issued before the current tile is computed). The two threads of an output row
-// (column halves) add their sums through shared memory; split-K blocks then write fp32 partials and the last one
-// to arrive sums them in split order (deterministic) and runs the epilogue, as in weight_gemm_kernel.
+// ─── GEMV path (small M, PATH_GEMV): weights decoded in registers straight into MMA fragments ─────────────
+// yᵀ = W · xᵀ with the weights as the MMA's A operand (16 rows of a row group × k) and xᵀ as B (k × 8 columns
+// = the M ≤ 8 rows of x; columns ≥ M are zeros), so the tensor cores apply each decoded weight to all M rows and
+// the cost per weight is the decode (NVFP4: 15 integer instructions + 4 mul.f16x2 per 8 weights) whatever M is.
+// An MMA sums over its k slots, so the slots may stand for any columns as long as A and B agree; the record
+// layout gives lane slot v = (g, t) the columns c … c+3 of rows g and g+8 for step (h, b), which is
+//   sm_80 m16n8k16: A rows g, g+8, slots 2t, 2t+1 ↔ c, c+1 and 2t+8, 2t+9 ↔ c+2, c+3; B = x[g][c … c+3];
+//   sm_70 m8n8k4 (four independent 8×8×4 products, one per quad-pair): quad-pair q takes slots v = 4i + q
+//   (i = lane's row in the pair), so the pair shares its columns; two products per step (rows g, g+8) and the
+//   four pairs' sums are added by two shuffles at the end (in a fixed order).
+// Accumulation in fp32 by the MMA; products exact (fp16 × fp16 into fp32) — as precise as the fused kernel.
 //
-// Precision: within one 16-column group the products are formed and summed in fp16 (one fma.rn.f16x2 chain of 8
-// per column parity, each step rounded once: error of a group sum ≲ 8 · 2^-11 · Σ|products| worst case, ~4e-4 of
-// the group sum rms for random data), then converted to fp32, multiplied by the group's block scale in fp32 and accumulated in fp32
-// across all groups of K — so the error does not grow with K and the result is within the fp16 output rounding
-// (2^-11) to a small factor. NVFP4 values enter at their true magnitude (|v| ≤ 6, exact in fp16), FP8 as v · 2^-8
-// (|·| ≤ 1.75); a group sum overflows fp16 only if 16 same-signed products exceed 65504, i.e. |x| > 682 (NVFP4) or
-// > 2340 (FP8) on every element of a group with the largest codes — far beyond normalised activations.
-constexpr int kGemvStrips = 2;                        // 64-row strips (output tiles) per block
-constexpr int kGemvThreads = kGemvStrips * kThreads;  // 256
+// Work split, "stream-K": the weight is one stream of tiles in (strip, k-tile) order. Block b (4 warps, warp w =
+// row group w of every tile) takes tiles [b·per, (b+1)·per) of it, with one block per resident block slot, so
+// every block reads the same bytes and the grid is a single wave: no partial last wave, no idle slots (a strip ×
+// split grid leaves up to a third of the slots idle or in a tail at these sizes). Each warp keeps
+// Format::kGemvStagesInFlight tiles (its weights and its x fragments, x through L1 since the four warps read the
+// same x) loaded ahead, across strip boundaries. A strip that a block covers whole is stored directly; a strip
+// split between blocks ("pieces") is finished by the last piece to arrive (per-strip semaphore, reset by it),
+// which sums the fp32 partials in block order: deterministic.
 constexpr int kGemvMaxM = 8;
-// Blocks per SM that the register budget is sized for (__launch_bounds__): 4 (≤ 64 registers, 32 warps) at M = 1,
-// where warps and bytes in flight matter most; 2 (≤ 128) otherwise — at 3, M ≥ 2 spills on sm_70 for FP8 (and
-// M ≥ 5 for NVFP4; tools/sm70_check.py).
-__host__ __device__ constexpr int gemv_min_blocks(int m) { return m == 1 ? 4 : 2; }
-constexpr int kGemvMaxSmemBytes = 24 * 1024;          // x slice: M · k_tiles_per_split · 128 · 2 bytes at most
-__host__ __device__ constexpr int gemv_smem_bytes(int m, int k_tiles_per_split) {
-  return m * k_tiles_per_split * kTileK * 2;
-}
-
-// One stage (one tile of the thread's row: 4 groups of 16 columns) against M rows of x. x points at this thread's
-// 64 columns of the tile in row 0; rows are x_stride halves apart.
-template <class Format, int M>
-__device__ __forceinline__ void gemv_stage(const typename Format::Stage& s, const uint16_t* x, int x_stride,
-                                           float (&acc)[M]) {
-  float scale[4];
-  Format::gemv_scales(s, scale);
-#pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    uint32_t w[8];
-    Format::gemv_decode(s, g, w);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4* xv = reinterpret_cast<const uint4*>(x + m * x_stride + g * 16);
-      const uint4 a = xv[0], b = xv[1];
-      uint32_t sum = hmul2(w[0], a.x);
-      sum = hfma2(w[1], a.y, sum);
-      sum = hfma2(w[2], a.z, sum);
-      sum = hfma2(w[3], a.w, sum);
-      sum = hfma2(w[4], b.x, sum);
-      sum = hfma2(w[5], b.y, sum);
-      sum = hfma2(w[6], b.z, sum);
-      sum = hfma2(w[7], b.w, sum);
-      const float2 f = half2_to_float2(sum);
-      acc[m] = fmaf(f.x + f.y, scale[g], acc[m]);
-    }
-  }
-}
+constexpr int kGemvMinBlocks = 4;      // __launch_bounds__: ≤ 128 registers, 16 warps per SM at least
+constexpr int kGemvMinTilesPerBlock = 2;
 
 __device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, float v) {
   float out = v * p.row_scale[n];
@@ -403,133 +381,168 @@ __device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, flo
   p.y[int64_t(m) * p.N + n] = uint16_t(float2_to_half2_rn(out, 0.f) & 0xFFFFu);
 }
 
-// Grid: (ceil(n_tiles / kGemvStrips), splits); block kGemvThreads; dynamic smem gemv_smem_bytes(M, k_tiles_per_split).
-// M is the exact row count (p.M == M).
-template <class Format, int M>
-__global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(M)) weight_gemv_kernel(const GemmParams p) {
+// Grid: ceil(tiles / p.tiles_per_block) blocks of kThreads; p.partials: [grid][2][M][64] (a block's first and last
+// strip can be pieces). M is the exact row count (p.M == M).
+template <class Mma, class Format, int M>
+__global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(const GemmParams p) {
   static_assert(M >= 1 && M <= kGemvMaxM, "GEMV rows");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint16_t* xs = reinterpret_cast<uint16_t*>(smem_raw);  // [M][k_tiles_per_split · 128]
-  __shared__ float upper_half_sums[kGemvStrips * kTileN][M];
-  __shared__ int arrived_last;
   constexpr int kRing = Format::kGemvStagesInFlight;
+  struct Stage {
+    typename Format::Stage w;
+    uint4 x[2][2];  // [h]: x row g, columns h·64 + 16t … +15 of the tile
+  };
+  __shared__ int arrived_last;
 
-  const int tid = threadIdx.x, strip = tid / kThreads, strip_tid = tid % kThreads;
-  const int n_tiles = (p.N + kTileN - 1) / kTileN;
-  const int n_tile = blockIdx.x * kGemvStrips + strip, split = blockIdx.y;
-  const bool strip_valid = n_tile < n_tiles;
-  const int kt_begin = split * p.k_tiles_per_split;
-  const int kt_count = min(p.k_tiles_per_split, p.k_tiles - kt_begin);
-  const uint8_t* chunks = p.weight_tiles + (int64_t(n_tile) * p.k_tiles + kt_begin) * Format::kChunkBytes;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int v = Mma::gemv_slot(lane), g = v >> 2, t = v & 3;
+  const int per = p.tiles_per_block, tiles = (p.N + kTileN - 1) / kTileN * p.k_tiles;
+  const int j_begin = blockIdx.x * per, count = min(per, tiles - j_begin);
 
-  // Weights first, so that they are in flight while x is staged.
-  typename Format::Stage ring[kRing];
+  const uint8_t* records = p.weight_tiles + int64_t(j_begin) * Format::kChunkBytes + warp * Format::kRecordBytes;
+  const uint16_t* x_lane = p.x + int64_t(g < M ? g : 0) * p.ldx + 16 * t;
+  int load_kt = j_begin % p.k_tiles;  // k-tile of the next stage to load
+  auto load = [&](Stage& s, int i) {
+    Format::load(s.w, records + int64_t(i) * Format::kChunkBytes, v);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int k = load_kt * kTileK + h * 64 + 16 * t;  // K is a multiple of 16: 16 columns wholly in or out
+      const bool inside = g < M && k < p.K;
+      const uint4* src = reinterpret_cast<const uint4*>(x_lane + k);
+      s.x[h][0] = inside ? __ldg(src) : make_uint4(0, 0, 0, 0);
+      s.x[h][1] = inside ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
+    }
+    if (++load_kt == p.k_tiles) load_kt = 0;
+  };
+
+  Stage ring[kRing];
 #pragma unroll
   for (int s = 0; s < kRing; ++s)
-    if (strip_valid && s < kt_count) Format::load(ring[s], chunks + int64_t(s) * Format::kChunkBytes, strip_tid);
+    if (s < count) load(ring[s], s);
 
-  const int x_stride = p.k_tiles_per_split * kTileK;
-  const int x_vectors_per_row = kt_count * (kTileK / 8);
-  for (int q = tid; q < M * x_vectors_per_row; q += kGemvThreads) {
-    const int m = q / x_vectors_per_row, c = (q - m * x_vectors_per_row) * 8, k = kt_begin * kTileK + c;
-    // K is a multiple of 16: a vector of 8 is wholly inside or outside; outside (tile padding) reads as zero.
-    const uint4 v = k < p.K ? *reinterpret_cast<const uint4*>(p.x + int64_t(m) * p.ldx + k) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(xs + m * x_stride + c) = v;
-  }
-  __syncthreads();
+  constexpr int kChains = Mma::kGemvChains;  // column half h accumulates into chain h % kChains
+  float acc[kChains][Mma::kGemvAcc];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c)
+#pragma unroll
+    for (int i = 0; i < Mma::kGemvAcc; ++i) acc[c][i] = 0.f;
 
-  float acc[M];
+  int kt = j_begin % p.k_tiles, strip = j_begin / p.k_tiles, piece_begin_kt = kt;
+  // At the end of a strip or of the block's range: store the strip's sums, or publish them as a piece.
+  auto finish_strip = [&]() {
+    float sum[Mma::kGemvAcc];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.f;
-  if (strip_valid) {
-    const uint16_t* x_half = xs + (strip_tid / kTileN) * 64;
-    for (int i0 = 0; i0 < kt_count; i0 += kRing) {
+    for (int i = 0; i < Mma::kGemvAcc; ++i) {
+      sum[i] = acc[0][i];
 #pragma unroll
-      for (int s = 0; s < kRing; ++s) {
-        const int i = i0 + s;
-        if (i >= kt_count) break;
-        const typename Format::Stage stage = ring[s];
-        if (i + kRing < kt_count) Format::load(ring[s], chunks + int64_t(i + kRing) * Format::kChunkBytes, strip_tid);
-        gemv_stage<Format, M>(stage, x_half + i * kTileK, x_stride, acc);
+      for (int c = 1; c < kChains; ++c) sum[i] += acc[c][i];
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) acc[c][i] = 0.f;
+    }
+    Mma::gemv_reduce(sum);
+    const bool writer = Mma::gemv_writes(lane);
+    const int n_base = strip * kTileN + warp * 16;
+    if (piece_begin_kt == 0 && kt + 1 == p.k_tiles) {  // the whole strip: no other piece
+#pragma unroll
+      for (int i = 0; i < Mma::kGemvAcc; ++i) {
+        int row, m;
+        Mma::gemv_coord(lane, i, row, m);
+        if (writer && m < M && n_base + row < p.N) store_one(p, m, n_base + row, sum[i]);
       }
+      return;
     }
-  }
-
-  // Column half 1 hands its sums to column half 0 (fixed order: half 0 + half 1).
-  const int block_row = strip * kTileN + strip_tid % kTileN;
-  const bool owner = strip_valid && strip_tid < kTileN;
-  if (strip_tid >= kTileN) {
+    // Partial slot: 0 = this block's first strip, 1 = its last one (the strips between are whole).
+    const int side = j_begin < strip * p.k_tiles ? 1 : 0;
+    auto partial = [&](int block, int s, int m, int row) {
+      return p.partials + ((int64_t(block) * 2 + s) * M + m) * kTileN + warp * 16 + row;
+    };
 #pragma unroll
-    for (int m = 0; m < M; ++m) upper_half_sums[block_row][m] = acc[m];
-  }
-  __syncthreads();
-  const int n = n_tile * kTileN + strip_tid % kTileN;
-  if (owner) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = (acc[m] + upper_half_sums[block_row][m]) * Format::kGemvAccFactor;
-  }
-  if (p.splits == 1) {
-    if (owner && n < p.N) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) store_one(p, m, n, acc[m]);
+    for (int i = 0; i < Mma::kGemvAcc; ++i) {
+      int row, m;
+      Mma::gemv_coord(lane, i, row, m);
+      if (writer && m < M) *partial(blockIdx.x, side, m, row) = sum[i];
     }
-    return;
-  }
+    __threadfence();
+    __syncthreads();
+    const int first_block = strip * p.k_tiles / per, last_block = ((strip + 1) * p.k_tiles - 1) / per;
+    int* counter = p.counters + strip * kMaxSplitMTiles;
+    if (tid == 0) {
+      const int arrived = atomicAdd(counter, 1);
+      arrived_last = arrived == last_block - first_block;
+      if (arrived_last) *counter = 0;  // leave the semaphore at zero for the next launch
+    }
+    __syncthreads();
+    if (!arrived_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < Mma::kGemvAcc; ++i) {
+      int row, m;
+      Mma::gemv_coord(lane, i, row, m);
+      if (!writer || m >= M || n_base + row >= p.N) continue;
+      float total = 0.f;
+      for (int b = first_block; b <= last_block; ++b)  // a block that starts before this strip ends in it
+        total += __ldcg(partial(b, b * per < strip * p.k_tiles ? 1 : 0, m, row));
+      store_one(p, m, n_base + row, total);
+    }
+  };
 
-  const int64_t np = int64_t(n_tiles) * kTileN;
-  if (owner) {
+  for (int i0 = 0; i0 < count; i0 += kRing) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) p.partials[(int64_t(split) * M + m) * np + n] = acc[m];
-  }
-  __threadfence();
-  __syncthreads();
-  int* counter = p.counters + blockIdx.x * kGemvStrips * kMaxSplitMTiles;  // the first strip's first semaphore
-  if (tid == 0) {
-    const int arrived = atomicAdd(counter, 1);
-    arrived_last = arrived == p.splits - 1;
-    if (arrived_last) *counter = 0;  // leave the semaphore at zero for the next launch
-  }
-  __syncthreads();
-  if (!arrived_last) return;
-  __threadfence();
-  if (owner && n < p.N) {
+    for (int s = 0; s < kRing; ++s) {
+      const int i = i0 + s;
+      if (i >= count) break;
+      const Stage stage = ring[s];
+      if (i + kRing < count) load(ring[s], i + kRing);
+      const typename Format::Scales sc = Format::scales(stage.w);
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float sum = 0.f;
-      for (int s = 0; s < p.splits; ++s) sum += __ldcg(p.partials + (int64_t(s) * M + m) * np + n);
-      store_one(p, m, n, sum);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t* xw = reinterpret_cast<const uint32_t*>(stage.x[h]);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          uint32_t a[4];
+          Format::decode(stage.w, sc, h, b, a);
+          Mma::gemv_mma(acc[h % kChains], a, xw[2 * b], xw[2 * b + 1]);
+        }
+      }
+      if (kt + 1 == p.k_tiles || i + 1 == count) {
+        finish_strip();
+        piece_begin_kt = 0;
+        ++strip;
+      }
+      if (++kt == p.k_tiles) kt = 0;
     }
   }
 }
 
 // Tiles → fp16 W rows [row_begin, row_begin + rows) × K, row_scale applied in fp32 and rounded once.
-// Grid: (rows / 64, Kp / 128); the dequantize + cuBLAS path for large M. Each thread dequantizes its part of the
-// tile row it loaded; the tile goes through shared memory so that the global stores run along rows (a warp
+// Grid: (rows / 64, Kp / 128); the dequantize + cuBLAS path for large M. Each thread dequantizes the 64 weights it
+// loaded; the tile goes through shared memory so that the global stores run along rows (a warp
 // writes two full 256-byte row segments per instruction instead of 32 scattered 16-byte pieces).
 template <class Format>
 __global__ void __launch_bounds__(kThreads) dequantize_tiles_kernel(const uint8_t* weight_tiles, const float* row_scale,
                                                                     uint16_t* w, int row_begin, int N, int K,
                                                                     int k_tiles) {
   __shared__ __align__(16) uint16_t tile[kTileN * kSmemRowHalves];
-  const int tid = threadIdx.x, n_tile = row_begin / kTileN + blockIdx.x, kt = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n_tile = row_begin / kTileN + blockIdx.x, kt = blockIdx.y;
   typename Format::Stage stage;
-  Format::load(stage, weight_tiles + (int64_t(n_tile) * k_tiles + kt) * Format::kChunkBytes, tid);
-  const int row = tid % kTileN, n = n_tile * kTileN + row;
-  const float scale = n < N ? row_scale[n] : 0.f;
-  uint32_t v[32];
-  Format::dequantize(stage, v);
-  uint4* dst = reinterpret_cast<uint4*>(tile + row * kSmemRowHalves + (tid / kTileN) * 64);
+  Format::load(stage, weight_tiles + (int64_t(n_tile) * k_tiles + kt) * Format::kChunkBytes + warp * Format::kRecordBytes,
+               lane);
+  uint32_t v[2][2][8];
+  dequantize_stage<Format>(stage, v);
 #pragma unroll
-  for (int c = 0; c < 8; ++c) {
-    uint4 out;
-    uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+  for (int r = 0; r < 2; ++r) {  // rows g and g + 8 of row group `warp`
+    const int n = n_tile * kTileN + warp * 16 + (lane >> 2) + 8 * r;
+    const float scale = n < N ? row_scale[n] : 0.f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = half2_to_float2(v[4 * c + e]);
-      o[e] = float2_to_half2_rn(f.x * scale, f.y * scale);
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = half2_to_float2(v[h][r][j]);
+        v[h][r][j] = float2_to_half2_rn(f.x * scale, f.y * scale);
+      }
     }
-    dst[c] = out;
   }
+  store_stage_to_tile(v, tile, warp, lane);
   __syncthreads();
   constexpr int kVectorsPerRow = kTileK / 8;
 #pragma unroll

@@ -65,9 +65,10 @@ def kernel_source() -> str:
         for fmt in FORMATS:
             for rows in BLOCK_ROWS:
                 lines.append(f"template __global__ void weight_gemm_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
-    for fmt in FORMATS:
-        for rows in GEMV_ROWS:
-            lines.append(f"template __global__ void weight_gemv_kernel<{fmt}, {rows}>(const GemmParams);")
+    for atom in MMA_ATOMS:
+        for fmt in FORMATS:
+            for rows in GEMV_ROWS:
+                lines.append(f"template __global__ void weight_gemv_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
     for fmt in FORMATS:
         lines.append(
             f"template __global__ void dequantize_tiles_kernel<{fmt}>(const uint8_t*, const float*, uint16_t*, int, int, int, int);"
@@ -76,8 +77,6 @@ def kernel_source() -> str:
     # Exported so the report can print each kernel's dynamic shared memory from the header's own formula.
     for rows in BLOCK_ROWS:
         lines.append(f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});")
-    # The GEMV's dynamic shared memory depends on the split; the host caps it at kGemvMaxSmemBytes.
-    lines.append("__device__ int gemv_max_dynamic_smem = volta_fp4::kGemvMaxSmemBytes;")
     return "\n".join(lines) + "\n"
 
 
@@ -137,7 +136,6 @@ def ptxas_reports(ptxas: Path, ptx: str, workdir: Path) -> list[KernelReport]:
     if result.returncode:
         raise RuntimeError(f"ptxas failed for sm_70:\n{result.stderr}")
     smem_of_rows = {int(r): int(v) for r, v in re.findall(r"fused_smem_bytes_bm(\d+)\s*=\s*(\d+)", ptx)}
-    gemv_smem = int(g.group(1)) if (g := re.search(r"gemv_max_dynamic_smem\s*=\s*(\d+)", ptx)) else 0
     reports, current = [], None
     for line in result.stderr.splitlines():
         if m := re.search(r"Compiling entry function '(\w+)'", line):
@@ -149,8 +147,6 @@ def ptxas_reports(ptxas: Path, ptx: str, workdir: Path) -> list[KernelReport]:
             static_smem = int(s.group(1)) if (s := re.search(r"(\d+) bytes smem", line)) else 0
             rows = re.search(r"ELi(\d+)EEEv", current)
             dynamic = smem_of_rows.get(int(rows.group(1)), 0) if "weight_gemm_kernel" in current and rows else 0
-            if "weight_gemv_kernel" in current:
-                dynamic = gemv_smem  # the largest x slice the host launches with
             reports.append(KernelReport(current, int(m.group(1)), pending[1], pending[0], static_smem, dynamic))
             current = None
     return reports
@@ -161,7 +157,7 @@ def readable(mangled: str) -> str:
     fmt = next((f for f in FORMATS if f in mangled), "")
     rows = re.search(r"ELi(\d+)EEEv", mangled)
     if "weight_gemv_kernel" in mangled:
-        return f"weight_gemv<{fmt}, M={rows.group(1) if rows else '?'}>"
+        return f"weight_gemv<{atom}, {fmt}, M={rows.group(1) if rows else '?'}>"
     kind = "weight_gemm" if "weight_gemm_kernel" in mangled else "dequantize_tiles"
     return f"{kind}<{', '.join(x for x in (atom, fmt, f'BM={rows.group(1)}' if rows else '') if x)}>"
 
@@ -175,7 +171,7 @@ def check(keep: Path | None = None) -> tuple[list[KernelReport], list[str]]:
         workdir.mkdir(parents=True, exist_ok=True)
         reports = ptxas_reports(ptxas, ptx, workdir)
     failures = [f"{readable(r.name)}: {p}" for r in reports for p in r.problems]
-    expected = len(MMA_ATOMS) * len(FORMATS) * len(BLOCK_ROWS) + len(FORMATS) * len(GEMV_ROWS) + len(FORMATS)
+    expected = len(MMA_ATOMS) * len(FORMATS) * (len(BLOCK_ROWS) + len(GEMV_ROWS)) + len(FORMATS)
     if len(reports) != expected:
         failures.append(f"ptxas reported {len(reports)} kernels, expected {expected}")
     if VOLTA_HMMA not in ptx:

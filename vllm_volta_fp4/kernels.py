@@ -5,10 +5,10 @@ csrc/weight_gemm.cuh) and ``*_linear`` per forward. Tile shapes, the MMA atom an
 kernel and dequantize + cuBLAS live in C++; Python passes only:
   * ``mma``: 0 = by compute capability (7.x → Volta m8n8k4, ≥ 8.0 → m16n8k16), 70 or 80 to force one; the
     environment variable VLLM_VOLTA_FP4_MMA=sm70|sm80 sets the default (the H200 runs the Volta path that way).
-  * ``path``: 0 = by M, 1 = fused kernel, 2 = dequantize + cuBLAS, 3 = CUDA-core GEMV for M <= 8 (tests and
-    benchmarks pin one). ``auto`` takes the GEMV for M <= 4 on compute capability 7.x and M <= 8 on 8.0+
-    (VLLM_VOLTA_FP4_GEMV_MAX_M overrides; 0 disables it), the fused kernel up to M = 64 and dequantize + cuBLAS
-    beyond (VLLM_VOLTA_FP4_CUBLAS_MIN_M). The GEMV ignores ``mma``.
+  * ``path``: 0 = by M, 1 = fused kernel, 2 = dequantize + cuBLAS, 3 = GEMV for M <= 8 (weights decoded in
+    registers into MMA fragments; tests and benchmarks pin one). ``auto`` takes the GEMV for M <= 8
+    (VLLM_VOLTA_FP4_GEMV_MAX_M lowers that; 0 disables it), the fused kernel up to M = 64 and dequantize + cuBLAS
+    beyond (VLLM_VOLTA_FP4_CUBLAS_MIN_M). The fused kernel and the GEMV use the MMA atom ``mma`` selects.
 Fake (meta) implementations are registered so torch.compile / vLLM's compilation can trace the ops.
 """
 

@@ -1,5 +1,5 @@
 """The CUDA GEMMs against the float64 reference: both MMA atoms, all paths (fused, dequantize + cuBLAS, the
-CUDA-core GEMV for M <= 8, auto), NVFP4 and FP8 weights.
+MMA GEMV for M <= 8, auto), NVFP4 and FP8 weights.
 
 Every case draws fresh random data, poisons the output memory with NaN first (the op allocates its output from
 the caching allocator, which hands back the freed poisoned block) and checks that every element was written,
@@ -33,8 +33,8 @@ def _device_atoms() -> list[int]:
 
 
 def _mma_values(path: int) -> list[int | None]:
-    """The fused kernel runs once per MMA atom; the other paths have no atom to choose."""
-    return _device_atoms() if path == kernels.PATH_FUSED else [None]
+    """The fused kernel and the GEMV run once per MMA atom; the other paths have no atom to choose."""
+    return _device_atoms() if path in (kernels.PATH_FUSED, kernels.PATH_GEMV) else [None]
 
 
 def path_and_m(paths, m_values):
@@ -101,7 +101,7 @@ def run_case(prepared_weight, op, m, n, k, w_ref, bias_on, mma, path, device):
 @pytest.mark.parametrize("path, m", path_and_m([(kernels.PATH_FUSED, "fused"), (kernels.PATH_GEMV, "gemv")], M_VALUES))
 @pytest.mark.parametrize("bias_on", [False, True], ids=["nobias", "bias"])
 def test_nvfp4_kernels(nvfp4_weights, shape, path, m, bias_on, device):
-    """The fused kernel (both atoms) and the GEMV: exact M handling, odd shapes, per-row scales, split-K."""
+    """The fused kernel and the GEMV (both atoms): exact M handling, odd shapes, per-row scales, split-K / stream-K."""
     n, k = shape
     packed, block_scale, global_scale = nvfp4_weights[shape]
     prepared = kernels.prepare_nvfp4(packed, block_scale, global_scale)
@@ -110,6 +110,18 @@ def test_nvfp4_kernels(nvfp4_weights, shape, path, m, bias_on, device):
         x, bias, y = run_case(prepared, kernels.nvfp4_linear, m, n, k, w, bias_on, mma, path, device)
         again = kernels.nvfp4_linear(x, prepared, bias, mma=mma, path=path)
         assert torch.equal(y, again), f"path={path} mma={mma}: two runs on the same input differ (race?)"
+
+
+@pytest.mark.parametrize("shape", [(1040, 128), (4160, 256)], ids=lambda s: f"N{s[0]}xK{s[1]}")
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gemv_blocks_of_whole_strips(shape, m, device):
+    """K of one or two tiles: each GEMV block covers whole strips (no pieces); (1040, 128) ends on a 1-tile block."""
+    n, k = shape
+    q = quantize_nvfp4(torch.randn(n, k, device=device))
+    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    w = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
+    for mma in _mma_values(kernels.PATH_GEMV):
+        run_case(prepared, kernels.nvfp4_linear, m, n, k, w, True, mma, kernels.PATH_GEMV, device)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}xK{s[1]}")
@@ -148,7 +160,8 @@ def test_scalar_global_scale_and_strided_inputs(device):
     wide = torch.randn(5, k + 16, device=device).to(torch.float16)[:, :k]  # row stride k + 16, loadable in place
     transposed = torch.randn(k, 7, device=device).to(torch.float16).t()  # column stride ≠ 1: copied first
     batched = torch.randn(2, 3, k, device=device).to(torch.float16)
-    variants = [(mma, kernels.PATH_FUSED) for mma in _device_atoms()] + [(None, kernels.PATH_GEMV), (None, kernels.PATH_AUTO)]
+    variants = [(mma, path) for mma in _device_atoms() for path in (kernels.PATH_FUSED, kernels.PATH_GEMV)]
+    variants.append((None, kernels.PATH_AUTO))
     for x in (wide, transposed, batched):
         for mma, path in variants:
             y = kernels.nvfp4_linear(x, prepared, None, mma=mma, path=path)
