@@ -78,7 +78,8 @@ struct Sm70Mma {
   // ─ GEMV hooks (weight_gemv_kernel in weight_gemm.cuh, its "GEMV path" section). Quad-pair q, row i of the pair, loads record lane slot
   // v = 4i + q; per step two products (rows g, g+8 of the row group: accumulators [r·8 + e]) with B = x[i][c … c+3].
   static constexpr int kGemvAcc = 16;
-  static constexpr int kGemvChains = 1;  // the two products per step are independent already
+  static constexpr int kGemvChains = 1;     // the two products per step are independent already
+  static constexpr int kGemvMaxStages = 2;  // 16 accumulators leave registers for 2 tiles in flight (900 GB/s: enough)
   __device__ __forceinline__ static int gemv_slot(int lane) {
     return 4 * ((lane & 3) + ((lane >> 4) << 2)) + ((lane >> 2) & 3);
   }
@@ -179,6 +180,7 @@ struct Sm80Mma {
   // (row g, m 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) with t = lane % 4.
   static constexpr int kGemvAcc = 4;
   static constexpr int kGemvChains = 2;  // accumulator sets (column halves h) so that MMAs need not wait on each other
+  static constexpr int kGemvMaxStages = 4;
   __device__ __forceinline__ static int gemv_slot(int lane) { return lane; }
   __device__ __forceinline__ static void gemv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -87,14 +87,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prepare_nvfp4(const at::Tensor& p
   const int64_t np = round_up(n, kTileN), kp = round_up(k, kTileK);
   const at::Tensor codes_padded = at::constant_pad_nd(packed.contiguous(), {0, (kp - k) / 2, 0, np - n});
   // Element e of a row is byte e / 2's low (even e) or high nibble.
-  const at::Tensor nibbles =
+  const at::Tensor codes =
       at::stack({at::bitwise_and(codes_padded, 15), at::bitwise_right_shift(codes_padded, 4)}, 2).reshape({np, kp});
   // Row = ((nt·4 + rg)·2 + r)·8 + g, column = ((kt·2 + h)·4 + t)·16 + 4b + 2·pair + q (layout in weight_gemm.cuh):
-  // record bytes in the order (h, g, t, b, q, pair), each byte = nibble r = 0 (low) and r = 1 (high).
-  const at::Tensor ordered = nibbles.reshape({np / kTileN, 4, 2, 8, kp / kTileK, 2, 4, 4, 2, 2})
-                                 .permute({0, 4, 1, 5, 3, 6, 7, 9, 8, 2});
+  // record words in the order (h, g, t, b), slot i = 4·pair + 2r + q inside a word.
+  const at::Tensor slots = codes.reshape({np / kTileN, 4, 2, 8, kp / kTileK, 2, 4, 4, 2, 2})
+                               .permute({0, 4, 1, 5, 3, 6, 7, 8, 2, 9})
+                               .reshape({np / kTileN, kp / kTileK, 4, 256, 8});
+  // Byte j of a word: magnitude of slot 2j | sign of slot 4+j << 3 | magnitude of slot 2j+1 << 4 | sign of slot j << 7.
+  const at::Tensor magnitude = at::bitwise_and(slots, 7), sign = at::bitwise_right_shift(slots, 3);
   const at::Tensor code_records =
-      at::bitwise_or(ordered.select(9, 0), at::bitwise_left_shift(ordered.select(9, 1), 4))
+      at::bitwise_or(at::bitwise_or(magnitude.slice(4, 0, 8, 2), at::bitwise_left_shift(sign.slice(4, 4, 8), 3)),
+                     at::bitwise_or(at::bitwise_left_shift(magnitude.slice(4, 1, 8, 2), 4),
+                                    at::bitwise_left_shift(sign.slice(4, 0, 4), 7)))
           .reshape({np / kTileN, kp / kTileK, 4, 1024});
   // Scales: row (nt, rg, r, g), block (kt, h, t) → record bytes (g, t, h, r).
   const at::Tensor scales_padded =

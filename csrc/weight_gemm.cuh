@@ -11,10 +11,10 @@
 // so every warp load reads 512 contiguous bytes. Word b (0…3) of a lane's half h covers columns
 // c = h·64 + 16·t + 4·b … c+3 of both rows, which is what one MMA step of the GEMV needs in registers
 // (see "GEMV path"); the fused and dequantize kernels store the same 64 weights per thread to shared memory.
-//   NVFP4 (1152-byte records, 4608-byte chunks): vector h = half h, four 32-bit words of 8 E2M1 codes whose
-//     nibbles (nibble 0 = bits 0..3) are [e0 e2 e4 e6 e1 e3 e5 e7] with e(2p+q) = row g + 8·(p & 1), column
-//     c + 2·(p >> 1) + q, so that e2m1_word_to_half2 yields the fp16 pairs (row g, c…c+1), (g+8, c…c+1),
-//     (g, c+2…c+3), (g+8, c+2…c+3). Bytes 1024…1151: the E4M3 block scales, 4 per lane at 1024 + 4·v:
+//   NVFP4 (1152-byte records, 4608-byte chunks): vector h = half h, four 32-bit words of 8 E2M1 codes in slots
+//     i = 2p + q = row g + 8·(p & 1), column c + 2·(p >> 1) + q, so that e2m1_word_to_half2 (which says where a
+//     slot's magnitude and sign bits are) yields the fp16 pairs (row g, c…c+1), (g+8, c…c+1), (g, c+2…c+3),
+//     (g+8, c+2…c+3). Bytes 1024…1151: the E4M3 block scales, 4 per lane at 1024 + 4·v:
 //     (row g, half 0), (g+8, 0), (g, 1), (g+8, 1) — the one block each of those 16-column pieces lies in.
 //   FP8 E4M3 (2048-byte records, 8192-byte chunks): vector 2·h + r = row g + 8·r, the 16 columns of half h in order.
 // Both formats decode to w · 2^-8 in fp16, exactly (NVFP4: E2M1 × E4M3 block scale has ≤ 5 significant bits and
@@ -93,21 +93,23 @@ __device__ __forceinline__ uint32_t prmt(uint32_t b, uint32_t c, uint32_t select
   return out;
 }
 
-// One 32-bit word of the NVFP4 tile layout (nibbles [e0 e2 e4 e6 e1 e3 e5 e7]) → four fp16 pairs holding the
-// E2M1 values at their true magnitude (0 … 6, exact), pair p = (e_2p, e_2p+1). Every E2M1 magnitude is an fp16
-// whose low byte is zero, so a byte table indexed by the 3 magnitude bits gives the high byte: two prmt look up
-// the four even and the four odd elements, one prmt per pair interleaves them with zero bytes (selector nibble 8 =
-// sign of byte 0 of a table entry = 0x00), and the sign bit (nibble bit 3) is shifted to bit 15 / 31.
-// 15 integer instructions per 8 weights.
-__device__ __forceinline__ void e2m1_word_to_half2(uint32_t word, uint32_t* out) {
+// One 32-bit word of the NVFP4 tile layout → four fp16 pairs holding the E2M1 values at their true magnitude
+// (0 … 6, exact), pair p = (slot 2p, slot 2p+1). The word holds 8 codes in slots: slot i's 3 magnitude bits are
+// bits 4i … 4i+2, its sign bit is bit 8i+7 for i < 4 and bit 8(i−4)+3 for i ≥ 4 (the nibbles' top bits). Every
+// E2M1 magnitude is an fp16 whose low byte is zero, so a prmt with the magnitudes as selector looks up the fp16
+// high bytes of four slots at once in a table of 8 bytes; the signs of slots 0-3 already sit at those bytes' top
+// bits (4-7: after a shift by 4), and a prmt with zero bytes spreads two high bytes to [0, hi, 0, hi].
+// 11 integer instructions per 8 weights.
+__device__ __forceinline__ void e2m1_word_to_half2(uint32_t word, uint32_t (&out)[4]) {
   constexpr uint32_t kHighBytesLow = 0x3E3C3800u;   // fp16 high bytes of 0, 0.5, 1, 1.5
   constexpr uint32_t kHighBytesHigh = 0x46444240u;  // … of 2, 3, 4, 6
   const uint32_t magnitude = word & 0x77777777u;
-  const uint32_t even = prmt(kHighBytesLow, kHighBytesHigh, magnitude);        // |e0| |e2| |e4| |e6|
-  const uint32_t odd = prmt(kHighBytesLow, kHighBytesHigh, magnitude >> 16);   // |e1| |e3| |e5| |e7|
-#pragma unroll
-  for (int p = 0; p < 4; ++p)
-    out[p] = prmt(even, odd, 0x4808u | (p << 4) | (p << 12)) | ((word << (12 - 4 * p)) & 0x80008000u);
+  const uint32_t slots0to3 = prmt(kHighBytesLow, kHighBytesHigh, magnitude) | (word & 0x80808080u);
+  const uint32_t slots4to7 = prmt(kHighBytesLow, kHighBytesHigh, magnitude >> 16) | ((word << 4) & 0x80808080u);
+  out[0] = prmt(slots0to3, 0, 0x1404u);  // [0, slot 0, 0, slot 1]
+  out[1] = prmt(slots0to3, 0, 0x3424u);
+  out[2] = prmt(slots4to7, 0, 0x1404u);
+  out[3] = prmt(slots4to7, 0, 0x3424u);
 }
 
 // ─── Weight formats ───────────────────────────────────────────────────────────────────────────────────────
@@ -118,7 +120,7 @@ struct Nvfp4Format {
   static constexpr int kChunkBytes = 4608;
   static constexpr int kRecordBytes = kChunkBytes / 4;
   static constexpr int kStagesInFlight = 4;      // fused kernel: stages of 36 B per thread loaded ahead
-  static constexpr int kGemvStagesInFlight = 2;  // weight_gemv_kernel: tiles (36 B of weights + 64 B of x per lane)
+  static constexpr int kGemvStagesInFlight = 3;  // weight_gemv_kernel ring: tiles of 36 B of weights + 64 B of x per lane
   static constexpr float kRowScaleFactor = 256.0f;
   struct Stage {
     uint4 codes[2];
@@ -152,7 +154,7 @@ struct Fp8Format {
   static constexpr int kChunkBytes = 8192;
   static constexpr int kRecordBytes = kChunkBytes / 4;
   static constexpr int kStagesInFlight = 2;
-  static constexpr int kGemvStagesInFlight = 1;  // 64 B of weights + 64 B of x per lane and tile (sm_70 registers)
+  static constexpr int kGemvStagesInFlight = 2;  // 64 B of weights + 64 B of x per lane and tile (sm_70 registers)
   static constexpr float kRowScaleFactor = 256.0f;  // e4m3_pair_to_half2_bits leaves out 2^8
   struct Stage {
     uint4 codes[4];  // [2h + r]: row g + 8r, half h
@@ -386,7 +388,8 @@ __device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, flo
 template <class Mma, class Format, int M>
 __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(const GemmParams p) {
   static_assert(M >= 1 && M <= kGemvMaxM, "GEMV rows");
-  constexpr int kRing = Format::kGemvStagesInFlight;
+  constexpr int kRing = Format::kGemvStagesInFlight < Mma::kGemvMaxStages ? Format::kGemvStagesInFlight
+                                                                         : Mma::kGemvMaxStages;
   struct Stage {
     typename Format::Stage w;
     uint4 x[2][2];  // [h]: x row g, columns h·64 + 16t … +15 of the tile
@@ -398,26 +401,36 @@ __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(c
   const int per = p.tiles_per_block, tiles = (p.N + kTileN - 1) / kTileN * p.k_tiles;
   const int j_begin = blockIdx.x * per, count = min(per, tiles - j_begin);
 
-  const uint8_t* records = p.weight_tiles + int64_t(j_begin) * Format::kChunkBytes + warp * Format::kRecordBytes;
+  // Next stage to load: its record and its first column. Lanes of x rows g ≥ M load row 0: B column g only feeds
+  // outputs m = g, which are never stored, so it need not be zero. Columns ≥ K must be (the last k-tile of a strip
+  // when K is not a multiple of 128; uniform over the block): zero-filled there only.
+  const uint8_t* next_record = p.weight_tiles + int64_t(j_begin) * Format::kChunkBytes + warp * Format::kRecordBytes;
   const uint16_t* x_lane = p.x + int64_t(g < M ? g : 0) * p.ldx + 16 * t;
-  int load_kt = j_begin % p.k_tiles;  // k-tile of the next stage to load
-  auto load = [&](Stage& s, int i) {
-    Format::load(s.w, records + int64_t(i) * Format::kChunkBytes, v);
+  const int k_end = p.k_tiles * kTileK;
+  int next_k = j_begin % p.k_tiles * kTileK;
+  auto load = [&](Stage& s) {
+    Format::load(s.w, next_record, v);
+    const uint4* src = reinterpret_cast<const uint4*>(x_lane + next_k);
+    if (next_k + kTileK <= p.K) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int k = load_kt * kTileK + h * 64 + 16 * t;  // K is a multiple of 16: 16 columns wholly in or out
-      const bool inside = g < M && k < p.K;
-      const uint4* src = reinterpret_cast<const uint4*>(x_lane + k);
-      s.x[h][0] = inside ? __ldg(src) : make_uint4(0, 0, 0, 0);
-      s.x[h][1] = inside ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
+      for (int h = 0; h < 2; ++h) s.x[h][0] = __ldg(src + 8 * h), s.x[h][1] = __ldg(src + 8 * h + 1);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool inside = next_k + h * 64 + 16 * t < p.K;  // K is a multiple of 16: 16 columns wholly in or out
+        s.x[h][0] = inside ? __ldg(src + 8 * h) : make_uint4(0, 0, 0, 0);
+        s.x[h][1] = inside ? __ldg(src + 8 * h + 1) : make_uint4(0, 0, 0, 0);
+      }
     }
-    if (++load_kt == p.k_tiles) load_kt = 0;
+    next_record += Format::kChunkBytes;
+    next_k += kTileK;
+    if (next_k == k_end) next_k = 0;
   };
 
   Stage ring[kRing];
 #pragma unroll
   for (int s = 0; s < kRing; ++s)
-    if (s < count) load(ring[s], s);
+    if (s < count) load(ring[s]);
 
   constexpr int kChains = Mma::kGemvChains;  // column half h accumulates into chain h % kChains
   float acc[kChains][Mma::kGemvAcc];
@@ -490,19 +503,19 @@ __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(c
     for (int s = 0; s < kRing; ++s) {
       const int i = i0 + s;
       if (i >= count) break;
-      const Stage stage = ring[s];
-      if (i + kRing < count) load(ring[s], i + kRing);
-      const typename Format::Scales sc = Format::scales(stage.w);
+      const typename Format::Scales sc = Format::scales(ring[s].w);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t* xw = reinterpret_cast<const uint32_t*>(stage.x[h]);
+        const uint32_t* xw = reinterpret_cast<const uint32_t*>(ring[s].x[h]);
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
           uint32_t a[4];
-          Format::decode(stage.w, sc, h, b, a);
+          Format::decode(ring[s].w, sc, h, b, a);
           Mma::gemv_mma(acc[h % kChains], a, xw[2 * b], xw[2 * b + 1]);
         }
       }
+      // Refill this slot only now: it needs no second register set, and kRing - 1 tiles stay in flight meanwhile.
+      if (i + kRing < count) load(ring[s]);
       if (kt + 1 == p.k_tiles || i + 1 == count) {
         finish_strip();
         piece_begin_kt = 0;
