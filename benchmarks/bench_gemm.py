@@ -141,7 +141,7 @@ def markdown(rows: list[dict], copy_gbps: float, gpu: str, commit: str) -> str:
         "  compatibility mode: a correctness run, not a Volta number). `dequant_cublas`: tile-wise dequantize to fp16 +",
         "  cuBLAS. `auto`: what the op dispatches to. Speedups are cuBLAS FP16 time / ours (higher is better).",
         "- GB/s: packed weight bytes (codes + block scales) / fused time; % of copy: that over the copy bandwidth.",
-        "- `gemv`: the CUDA-core GEMV (PATH_GEMV, M <= 8); `gemv × cuBLAS` and `gemv % copy` as for the fused kernel.",
+        "- `gemv`: the GEMV (PATH_GEMV, M <= 8, weights decoded into MMA fragments); `gemv × cuBLAS` and `gemv % copy` as for the fused kernel.",
         "",
         "| shape | N | K | M | cuBLAS fp16 µs | fused sm80 µs | fused sm70 µs | gemv µs | dequant+cuBLAS µs | auto µs | auto × cuBLAS | fused × cuBLAS | gemv × cuBLAS | fused GB/s | % copy | gemv % copy | auto TFLOP/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
 // ─── GEMV path (small M, PATH_GEMV): weights decoded in registers straight into MMA fragments ─────────────
 // yᵀ = W · xᵀ with the weights as the MMA's A operand (16 rows of a row group × k) and xᵀ as B (k × 8 columns
 // = the M ≤ 8 rows of x; columns ≥ M are zeros), so the tensor cores apply each decoded weight to all M rows and
-// the cost per weight is the decode (NVFP4: 15 integer instructions + 4 mul.f16x2 per 8 weights) whatever M is.
+// the cost per weight is the decode (NVFP4: 11 integer instructions + 4 mul.f16x2 per 8 weights) whatever M is.
 // An MMA sums over its k slots, so the slots may stand for any columns as long as A and B agree; the record
 // layout gives lane slot v = (g, t) the columns c … c+3 of rows g and g+8 for step (h, b), which is
 //   sm_80 m16n8k16: A rows g, g+8, slots 2t, 2t+1 ↔ c, c+1 and 2t+8, 2t+9 ↔ c+2, c+3; B = x[g][c … c+3];
