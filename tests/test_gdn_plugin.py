@@ -57,6 +57,17 @@ def test_disabled_registration_imports_nothing_from_vllm():
     assert result.stdout.strip() == "[]"
 
 
+@requires_vllm
+def test_the_plugin_entry_point_reads_the_switch():
+    """vllm_volta_fp4.register() (the vllm.general_plugins entry point) goes through register_gdn()."""
+    import os
+
+    code = "import vllm_volta_fp4; vllm_volta_fp4.register()"
+    env = {**os.environ, gdn_layer.ENABLE_ENV: "sm70"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode != 0 and "VLLM_VOLTA_FP4_GDN='sm70'" in result.stderr
+
+
 @pytest.fixture
 def registry():
     """vLLM's out-of-tree registry, with our classes removed before and after the test."""
@@ -110,6 +121,20 @@ def test_a_class_replaced_by_someone_else_is_left_alone(monkeypatch, registry):
         assert registry[op.__name__] is other
     finally:
         del registry[op.__name__]
+
+
+@requires_vllm
+def test_a_vllm_without_the_hook_is_left_alone(monkeypatch, registry):
+    from vllm_volta_fp4.plugin import compat
+
+    before = dict(registry)
+    monkeypatch.setattr(compat, "_GDN_LAYER_MODULES", (("vllm.model_executor.layers.no_such_gdn", "Layer"),
+                                                       ("vllm.model_executor.layers.layernorm", "RMSNorm")))
+    assert compat.gdn_hook_classes() is None  # absent module; a module without ChunkGatedDeltaRule
+    monkeypatch.setenv(gdn_layer.ENABLE_ENV, "1")
+    monkeypatch.setattr(compat, "device_capability", lambda: 70)
+    assert gdn_layer.register_gdn() is False
+    assert registry == before
 
 
 @requires_vllm
