@@ -1,4 +1,5 @@
-"""vLLM glue: the ``volta_nvfp4`` quantization config, its linear methods and the Volta attention backend.
+"""vLLM glue: the ``volta_nvfp4`` quantization config, its linear methods, the Volta attention backend and (opt-in)
+the GDN layer on our Gated DeltaNet kernels.
 Imported only when vLLM is."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ def register_with_vllm() -> None:
     from vllm_volta_fp4.plugin.attention_backend import register_attention_backend
     from vllm_volta_fp4.plugin.compat import register_quantization_config
     from vllm_volta_fp4.plugin.config import NAME, VoltaNvfp4Config
+    from vllm_volta_fp4.plugin.gdn_layer import register_gdn
 
     register_quantization_config(NAME)(VoltaNvfp4Config)
     register_attention_backend()  # vLLM's CUSTOM slot: --attention-backend CUSTOM
+    register_gdn()  # VLLM_VOLTA_FP4_GDN=1 only; imports vLLM's GDN layer only then

@@ -44,8 +44,53 @@ def is_cpu_platform() -> bool:
     return current_platform.is_cpu()
 
 
+# ─── Gated DeltaNet (Qwen3-Next / Qwen3.5 / Qwen3.8) ─────────────────────────────────────────────────────────
+# Module of vLLM's GDN layer and of its ChunkGatedDeltaRule CustomOp: one file up to 0.20.x, split by model in 0.32.
+_GDN_LAYER_MODULES = (
+    ("vllm.model_executor.layers.mamba.gdn_linear_attn", "GatedDeltaNetAttention"),  # 0.19.1, 0.20.2
+    ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention"),  # 0.32
+)
+
+
+def gdn_hook_classes() -> tuple[type, type, type] | None:
+    """(GDN layer class, ChunkGatedDeltaRule, RMSNormGated) of the installed vLLM, or None where it has no GDN
+    layer whose ``_forward_core(mixed_qkv, b, a, core_attn_out)`` we can override. Imports vLLM's GDN module
+    (Triton, FLA): call it only when the GDN replacement is enabled."""
+    import importlib
+
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    for module_name, layer_name in _GDN_LAYER_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        layer, op = getattr(module, layer_name, None), getattr(module, "ChunkGatedDeltaRule", None)
+        if layer is not None and op is not None and hasattr(layer, "_forward_core"):
+            return layer, op, RMSNormGated
+    return None
+
+
+def gdn_null_slot() -> int:
+    """The state slot vLLM's GDN metadata pads with besides -1: 0.20+ pads with NULL_BLOCK_ID (0, a slot no request
+    owns), 0.19.1 with PAD_SLOT_ID (-1, which our ops skip anyway)."""
+    from vllm.v1.attention.backends import gdn_attn
+
+    return int(getattr(gdn_attn, "NULL_BLOCK_ID", -1))
+
+
+def gdn_conv_state_dim_first() -> bool:
+    """True when the conv cache is stored (slots, dim, width - 1) (0.20+ layout "DS"); 0.19.1 always stores
+    (slots, width - 1, dim) and the layer hands the kernels its transpose."""
+    from vllm.model_executor.layers.mamba import mamba_utils
+
+    dim_first = getattr(mamba_utils, "is_conv_state_dim_first", None)
+    return bool(dim_first()) if dim_first is not None else False
+
+
 __all__ = [
     "VLLM_VERSION", "ChannelQuantScaleParameter", "LinearBase", "LinearMethodBase", "ModelWeightParameter",
     "PerTensorScaleParameter", "QuantizationConfig", "UnquantizedLinearMethod", "device_capability",
-    "is_cpu_platform", "register_quantization_config", "register_weight_loader_v2_supported_method",
+    "gdn_conv_state_dim_first", "gdn_hook_classes", "gdn_null_slot", "is_cpu_platform", "register_quantization_config",
+    "register_weight_loader_v2_supported_method",
 ]
