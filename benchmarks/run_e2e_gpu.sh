@@ -5,7 +5,8 @@
 #           COMMIT=$(git rev-parse --short HEAD) bash benchmarks/run_e2e_gpu.sh
 # Phase 1, side by side: GPU 0 and a quarter of the CPU cores measure engine throughput alone
 # (benchmarks/throughput_e2e.py, vLLM 0.20.2; the engine is CPU-bound in eager mode, so it gets cores of its own);
-# GPU 1 and the other cores run the kernel tests and tests/gpu/test_vllm_end_to_end.py under each vLLM version.
+# GPU 1 and the other cores run the kernel tests, and tests/gpu/test_vllm_end_to_end.py and test_gdn_plugin_gpu.py
+# (our GDN kernels inside vLLM's GDN layer) under each vLLM version.
 # Phase 2: the tensor-parallel-2 tests over both GPUs, each vLLM version. Logs and tables land in $OUT.
 # On a one-GPU machine phase 1 runs one after the other on GPU 0 and phase 2 is skipped.
 # SKIP="throughput kernel-tests tp2" leaves those parts out.
@@ -35,7 +36,8 @@ fi
 e2e() {  # e2e VERSION GPUS PYTEST_ARGS... → $OUT/e2e-VERSION[-tp].log
   local version=$1 devices=$2 log=$3; shift 3
   CUDA_VISIBLE_DEVICES=$devices PYTHONPATH=${SITES[$version]}:$PYTHONPATH \
-    timeout 420 "${pin_tests[@]}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_end_to_end.py "$@" > "$log" 2>&1
+    timeout 480 "${pin_tests[@]}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_end_to_end.py \
+    tests/gpu/test_gdn_plugin_gpu.py "$@" > "$log" 2>&1
 }
 
 step "phase 1: throughput on GPU 0 | kernel tests and end-to-end tests on GPU $second"
@@ -45,8 +47,8 @@ skip throughput || ( CUDA_VISIBLE_DEVICES=0 PYTHONPATH=${SITES[0.20.2]}:$PYTHONP
 (( gpus > 1 )) || wait $throughput
 pids=()
 skip kernel-tests ||
-CUDA_VISIBLE_DEVICES=$second timeout 300 "${pin_tests[@]}" python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu \
-  --ignore tests/gpu/test_vllm_end_to_end.py > "$OUT/gpu-tests.log" 2>&1 & pids+=($!)
+CUDA_VISIBLE_DEVICES=$second timeout 360 "${pin_tests[@]}" python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu \
+  --ignore tests/gpu/test_vllm_end_to_end.py --ignore tests/gpu/test_gdn_plugin_gpu.py > "$OUT/gpu-tests.log" 2>&1 & pids+=($!)
 for version in $VERSIONS; do e2e "$version" "$second" "$OUT/e2e-$version.log" -k "not tensor_parallel" & pids+=($!); done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 wait $throughput || status=1

@@ -173,6 +173,39 @@ def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, triton_allo
     assert_same_greedy(second, first, f"qwen3_5 {fmt} prefix-cache hits vs first pass")
 
 
+@pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
+def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allocator):
+    """VLLM_VOLTA_FP4_GDN=1: our GDN kernels inside vLLM's GDN layers (plus our GEMMs and attention) against the
+    dequantized model on vLLM's own Triton GDN kernels. A fresh process: the overrides are registered per process."""
+    _, reference, _ = runs.run(runs.dense("qwen3_5", fmt), attention_backend="TRITON_ATTN", **QWEN3_5)
+    settings = {**ENGINE, **QWEN3_5, "quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
+                "model": str(runs.checkpoint("qwen3_5", fmt))}
+    script = (
+        "import dataclasses, json, sys, torch, triton\n"
+        "if hasattr(triton, 'set_allocator'):\n"
+        "    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device='cuda'))\n"
+        "from vllm import LLM\n"
+        "from vllm_volta_fp4.greedy import generate_with, supported_engine_args\n"
+        "from vllm_volta_fp4.plugin.gdn_layer import GdnLayerOverride\n"
+        "llm = LLM(**supported_engine_args(json.loads(sys.argv[1])))\n"
+        "runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner\n"
+        "layers = sum(isinstance(m, GdnLayerOverride) for m in runner.model.modules())\n"
+        "passes = [generate_with(llm, json.loads(sys.argv[2]), int(sys.argv[3])) for _ in range(2)]\n"
+        "print('RESULT', json.dumps({'layers': layers, 'passes': [[dataclasses.asdict(g) for g in p] for p in passes]}))\n"
+    )
+    env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "1"}
+    result = subprocess.run([sys.executable, "-c", script, json.dumps(settings), json.dumps(PROMPTS), str(MAX_TOKENS)],
+                            env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-4000:]
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, result.stdout[-2000:] + result.stderr[-2000:]
+    outcome = json.loads(line[len("RESULT "):])
+    assert outcome["layers"] == 3, f"{outcome['layers']} GDN layers run our kernels (the tiny Qwen3.5 has 3)"
+    first, second = ([Generation(**g) for g in p] for p in outcome["passes"])
+    assert_same_greedy(first, reference, f"qwen3_5 {fmt} our GDN kernels vs vLLM's (dequantized fp16)")
+    assert_same_greedy(second, first, f"qwen3_5 {fmt} our GDN kernels, prefix-cache hits vs first pass")
+
+
 @pytest.fixture
 def triton_allocator():
     """vLLM's Triton GDN kernels ask Triton for scratch memory; vLLM 0.20 installs an allocator for that, 0.19.1
