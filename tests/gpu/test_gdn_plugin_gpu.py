@@ -137,7 +137,8 @@ def test_layer_core_matches_vllms_triton_path(hooks, monkeypatch, case, heads, s
     assert layer._volta_declines(x, metadata) is None
 
     ref_out = torch.zeros(rows, v_heads, d, dtype=torch.float16, device="cuda")
-    hooks.base[0]._forward_core(layer, mixed_qkv=x, b=b, a=a, core_attn_out=ref_out)  # vLLM's Triton path
+    # vLLM's Triton path; its causal_conv1d_update writes the conv output over its input, so it gets a copy
+    hooks.base[0]._forward_core(layer, mixed_qkv=x.clone(), b=b, a=a, core_attn_out=ref_out)
     ref_caches = layer.kv_cache
     layer.kv_cache = caches
     out = torch.zeros_like(ref_out)
