@@ -1,4 +1,4 @@
-"""vllm_volta_fp4.plugin.gdn_layer on the CPU: VLLM_VOLTA_FP4_GDN parsing, registration in vLLM's out-of-tree
+"""vllm_volta_fp4.plugin.gdn_layer on the CPU: VLLM_VOLTA_FP4_GDN and the GPU deciding, registration in vLLM's out-of-tree
 registry (which class vLLM then instantiates), and the argument translation of the three overrides, driven into
 the references of vllm_volta_fp4.gdn by forcing the "our kernels run" predicate and checked against a float64
 token-by-token oracle written here (the layer core, the chunked rule) or against vLLM's own forward_native (the
@@ -32,14 +32,14 @@ def force_ours(monkeypatch):
 # ─── Selection ─────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("off", False), ("1", True),
-                                             ("ON", True), (" true ", True)])
-def test_enabled_reads_the_environment(monkeypatch, value, expected):
+@pytest.mark.parametrize("value, expected", [(None, "volta"), ("", "volta"), ("1", "volta"), ("ON", "volta"),
+                                             (" true ", "volta"), ("force", "force"), ("0", "off"), ("off", "off")])
+def test_choice_reads_the_environment(monkeypatch, value, expected):
     if value is None:
         monkeypatch.delenv(gdn_layer.ENABLE_ENV, raising=False)
     else:
         monkeypatch.setenv(gdn_layer.ENABLE_ENV, value)
-    assert gdn_layer.enabled() is expected
+    assert gdn_layer.choice() == expected
 
 
 def test_unknown_value_is_an_error(monkeypatch):
@@ -49,7 +49,7 @@ def test_unknown_value_is_an_error(monkeypatch):
 
 
 def test_disabled_registration_imports_nothing_from_vllm():
-    code = ("import os, sys; os.environ.pop('VLLM_VOLTA_FP4_GDN', None); "
+    code = ("import os, sys; os.environ['VLLM_VOLTA_FP4_GDN'] = '0'; "
             "from vllm_volta_fp4.plugin import gdn_layer; assert gdn_layer.register_gdn() is False; "
             "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -79,22 +79,30 @@ def registry():
 
 
 @requires_vllm
-def test_enabled_on_cuda_registers_the_classes_vllm_instantiates(monkeypatch, registry):
+def test_registration_follows_the_switch_and_the_gpu(monkeypatch, registry):
     from vllm.model_executor.custom_op import CustomOp, PluggableLayer
 
     from vllm_volta_fp4.plugin import compat
 
     layer, op, norm = compat.gdn_hook_classes()
-    assert gdn_layer.register_gdn() is False  # unset: nothing
-    assert not {layer.__name__, op.__name__, norm.__name__} & registry.keys()
-    monkeypatch.setenv(gdn_layer.ENABLE_ENV, "1")
-    monkeypatch.setattr(compat, "device_capability", lambda: None)
-    assert gdn_layer.register_gdn() is False  # not a CUDA platform: nothing
-    assert not {layer.__name__, op.__name__, norm.__name__} & registry.keys()
+    names = {layer.__name__, op.__name__, norm.__name__}
+    for value, capability in ((None, None), (None, 90), ("force", None), ("0", 70)):
+        if value is None:
+            monkeypatch.delenv(gdn_layer.ENABLE_ENV, raising=False)
+        else:
+            monkeypatch.setenv(gdn_layer.ENABLE_ENV, value)
+        monkeypatch.setattr(compat, "device_capability", lambda capability=capability: capability)
+        assert gdn_layer.register_gdn() is False, (value, capability)  # not CUDA, not Volta unless forced, off
+        assert not names & registry.keys()
 
-    monkeypatch.setattr(compat, "device_capability", lambda: 70)
+    monkeypatch.delenv(gdn_layer.ENABLE_ENV)
+    monkeypatch.setattr(compat, "device_capability", lambda: 70)  # the default on a V100
     assert gdn_layer.register_gdn() is True
     assert gdn_layer.register_gdn() is True  # idempotent
+    gdn_layer.uninstall()
+    monkeypatch.setenv(gdn_layer.ENABLE_ENV, "force")
+    monkeypatch.setattr(compat, "device_capability", lambda: 90)  # forced on another GPU
+    assert gdn_layer.register_gdn() is True
     for base, override in ((layer, gdn_layer.GdnLayerOverride), (op, gdn_layer.ChunkGatedDeltaRuleOverride),
                            (norm, gdn_layer.RMSNormGatedOverride)):
         cls = registry[base.__name__]  # vLLM's __new__ looks the in-tree class name up
@@ -131,7 +139,7 @@ def test_a_vllm_without_the_hook_is_left_alone(monkeypatch, registry):
     monkeypatch.setattr(compat, "_GDN_LAYER_MODULES", (("vllm.model_executor.layers.no_such_gdn", "Layer"),
                                                        ("vllm.model_executor.layers.layernorm", "RMSNorm")))
     assert compat.gdn_hook_classes() is None  # absent module; a module without ChunkGatedDeltaRule
-    monkeypatch.setenv(gdn_layer.ENABLE_ENV, "1")
+    monkeypatch.setenv(gdn_layer.ENABLE_ENV, "force")
     monkeypatch.setattr(compat, "device_capability", lambda: 70)
     assert gdn_layer.register_gdn() is False
     assert registry == before

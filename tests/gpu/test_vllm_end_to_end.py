@@ -175,7 +175,7 @@ def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, triton_allo
 
 @pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
 def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allocator):
-    """VLLM_VOLTA_FP4_GDN=1: our GDN kernels inside vLLM's GDN layers (plus our GEMMs and attention) against the
+    """VLLM_VOLTA_FP4_GDN=force: our GDN kernels inside vLLM's GDN layers (plus our GEMMs and attention) against the
     dequantized model on vLLM's own Triton GDN kernels. A fresh process: the overrides are registered per process."""
     _, reference, _ = runs.run(runs.dense("qwen3_5", fmt), attention_backend="TRITON_ATTN", **QWEN3_5)
     settings = {**ENGINE, **QWEN3_5, "quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
@@ -193,7 +193,7 @@ def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allo
         "passes = [generate_with(llm, json.loads(sys.argv[2]), int(sys.argv[3])) for _ in range(2)]\n"
         "print('RESULT', json.dumps({'layers': layers, 'passes': [[dataclasses.asdict(g) for g in p] for p in passes]}))\n"
     )
-    env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "1"}
+    env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "force"}
     result = subprocess.run([sys.executable, "-c", script, json.dumps(settings), json.dumps(PROMPTS), str(MAX_TOKENS)],
                             env=env, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]

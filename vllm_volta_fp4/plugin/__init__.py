@@ -1,5 +1,5 @@
-"""vLLM glue: the ``volta_nvfp4`` quantization config, its linear methods, the Volta attention backend and (opt-in)
-the GDN layer on our Gated DeltaNet kernels.
+"""vLLM glue: the ``volta_nvfp4`` quantization config, its linear methods, the Volta attention backend and (on
+compute capability 7.x) the GDN layer on our Gated DeltaNet kernels.
 Imported only when vLLM is."""
 
 from __future__ import annotations
@@ -13,4 +13,4 @@ def register_with_vllm() -> None:
 
     register_quantization_config(NAME)(VoltaNvfp4Config)
     register_attention_backend()  # vLLM's CUSTOM slot: --attention-backend CUSTOM
-    register_gdn()  # VLLM_VOLTA_FP4_GDN=1 only; imports vLLM's GDN layer only then
+    register_gdn()  # compute capability 7.x unless VLLM_VOLTA_FP4_GDN says otherwise

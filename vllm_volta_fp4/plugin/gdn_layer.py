@@ -1,6 +1,7 @@
 """Our Gated DeltaNet kernels (vllm_volta_fp4.gdn) inside vLLM's GDN layer, through vLLM's out-of-tree registry.
 
-Enabled by ``VLLM_VOLTA_FP4_GDN=1`` on a CUDA platform (default off: not yet run on a GPU inside vLLM). Three
+``VLLM_VOLTA_FP4_GDN``: unset or 1 → on compute capability 7.x (where vLLM's Triton GDN kernels run without tensor
+cores), 0 → never, ``force`` → on any CUDA GPU (how the H200 tests them); only fp16 models take our path. Three
 classes are registered in ``vllm.model_executor.custom_op.op_registry_oot``, each a subclass of the in-tree class
 that overrides one method and calls ``super()`` for everything it does not take:
 
@@ -40,17 +41,18 @@ from vllm_volta_fp4 import gdn
 logger = logging.getLogger(__name__)
 
 ENABLE_ENV = "VLLM_VOLTA_FP4_GDN"
-_ON, _OFF = ("1", "on", "true", "yes"), ("", "0", "off", "false", "no")
+_CHOICES = {"": "volta", "1": "volta", "on": "volta", "true": "volta", "yes": "volta", "force": "force",
+            "0": "off", "off": "off", "false": "off", "no": "off"}
 
 
-def enabled() -> bool:
-    """Whether ENABLE_ENV asks for our GDN kernels (unset = off); any other value is an error."""
+def choice() -> str:
+    """``volta`` (default: compute capability 7.x only), ``force`` (any CUDA GPU) or ``off``, from ENABLE_ENV; any
+    other value is an error."""
     value = os.environ.get(ENABLE_ENV, "").strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ValueError(f"{ENABLE_ENV}={os.environ[ENABLE_ENV]!r}: expected 1 / on / true / yes or 0 / off / false / no")
+    if value not in _CHOICES:
+        raise ValueError(f"{ENABLE_ENV}={os.environ[ENABLE_ENV]!r}: expected 1 / on / true / yes (compute "
+                         "capability 7.x), force (any CUDA GPU) or 0 / off / false / no")
+    return _CHOICES[value]
 
 
 _kernels_ready = False
@@ -188,14 +190,19 @@ class RMSNormGatedOverride:
 
 
 def register_gdn() -> bool:
-    """Called by register_with_vllm(): install the overrides when ENABLE_ENV asks for them on a CUDA platform.
-    Imports nothing from vLLM when disabled. Returns whether they are installed."""
-    if not enabled():
+    """Called by register_with_vllm(): install the overrides where ENABLE_ENV and the GPU ask for them. Imports
+    nothing from vLLM when switched off. Returns whether they are installed."""
+    wanted = choice()
+    if wanted == "off":
         return False
     from vllm_volta_fp4.plugin import compat
 
-    if compat.device_capability() is None:
-        logger.info("%s is set but the platform is not CUDA: vLLM's GDN kernels stay", ENABLE_ENV)
+    capability = compat.device_capability()
+    if capability is None:
+        if wanted == "force":
+            logger.info("%s=force but the platform is not CUDA: vLLM's GDN kernels stay", ENABLE_ENV)
+        return False
+    if wanted == "volta" and capability // 10 != 7:
         return False
     return install()
 
