@@ -34,7 +34,7 @@ def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.fixture
-def hooks():
+def hooks(triton_allocator):
     pytest.importorskip("vllm")
     from vllm_volta_fp4.plugin import compat, gdn_layer
 

@@ -206,16 +206,6 @@ def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allo
     assert_same_greedy(second, first, f"qwen3_5 {fmt} our GDN kernels, prefix-cache hits vs first pass")
 
 
-@pytest.fixture
-def triton_allocator():
-    """vLLM's Triton GDN kernels ask Triton for scratch memory; vLLM 0.20 installs an allocator for that, 0.19.1
-    relies on its own pinned Triton, which the GPU kit replaces with the machine's newer one."""
-    import triton
-
-    if hasattr(triton, "set_allocator"):
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-
-
 def test_chunked_prefill_matches_unchunked(runs):
     model = runs.checkpoint("qwen3", "ct-w4a16")
     _, chunked, _ = runs.run(model, quantization="volta_nvfp4", attention_backend="CUSTOM")

@@ -152,6 +152,30 @@ def test_fp8(shape, path, m, device):
         run_case(prepared, kernels.fp8_linear, m, n, k, w, m % 2 == 1, mma, path, device)
 
 
+@pytest.mark.parametrize("path, m", path_and_m([(kernels.PATH_FUSED, "fused"), (kernels.PATH_GEMV, "gemv"),
+                                                 (kernels.PATH_DEQUANT_CUBLAS, "dequant_cublas")], [1, 3, 8, 64]))
+def test_super_activation_meets_its_blocks_largest_weight(path, m, device):
+    """fp16 safety (see vllm_volta_fp4/fp16_safety.py): a bf16-trained model's super activation (2e4) in the
+    down_proj input meets the super weight, its NVFP4 block's largest element (code ±6). Every path must keep the
+    sums in fp32: an fp16 partial sum of 16 products would be 1.2e5 here (the first overflow of the old CUDA-core
+    GEMV) although the output, 3e4, fits fp16."""
+    n, k = 256, 1024
+    generator = torch.Generator().manual_seed(m)
+    w = torch.randn(n, k, generator=generator) * 0.02
+    w[7, 123] = 1.5  # the super weight: its block's amax
+    x = torch.randn(m, k, generator=generator) * 0.5
+    x[0, 123] = 2.0e4  # the super activation (the first token)
+    q = quantize_nvfp4(w.to(device))
+    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    w_ref = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
+    x = x.to(device).to(torch.float16)
+    for mma in _mma_values(path):
+        poison_output_memory(m, n, device)
+        y = kernels.nvfp4_linear(x, prepared, None, mma=mma, path=path)
+        check_against_reference(y, x, w_ref, None)
+        assert abs(y[0, 7].item()) > 2.0e4, "the super weight's output (≈ 3e4) is in the result"
+
+
 def test_scalar_global_scale_and_strided_inputs(device):
     n, k = 1040, 400
     q = quantize_nvfp4(torch.randn(n, k, device=device))
