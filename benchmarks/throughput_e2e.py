@@ -3,13 +3,18 @@
 random weights made on the GPU) served as NVFP4 with ``quantization="volta_nvfp4"`` against the same weights
 dequantized to fp16 and served unquantized, in one run on one GPU.
 
-Measured per model: decode tok/s at batch 1 and 8 (generation time of N extra tokens over the same prompts with
+``--arch qwen3`` (default): the Qwen3 architecture (full attention only, no output gate); engines fp16 and
+volta_nvfp4. ``--arch qwen3_5``: the real hybrid, Qwen3_5ForConditionalGeneration (3 Gated-DeltaNet layers : 1
+gated full-attention layer, text only); engines fp16 and volta_nvfp4 on vLLM's Triton GDN kernels, and volta_nvfp4
+on this project's GDN kernels (vllm_volta_fp4.plugin.gdn_layer, registered in-process for that engine only).
+
+Measured per engine: decode tok/s at batch 1 and 8 (generation time of N extra tokens over the same prompts with
 one token), prefill tok/s and time to first token at 512 and 2048 prompt tokens (batch 1, one prefill step), and
 the GPU kernel time per decoded token at batch 1 (torch profiler, the sum of kernel times: what the step would
-cost without CPU-side overhead, e.g. with CUDA graphs), and the part of it spent in the linear layers' GEMM kernels
-(ours or cuBLAS's). Medians of repeats; prefix caching off.
+cost without CPU-side overhead, e.g. with CUDA graphs), split by kernel family (KERNEL_FAMILIES). Medians of
+repeats; prefix caching off.
 
-    python3 benchmarks/throughput_e2e.py --out results.md --commit abc1234 [--layers 8] [--attention CUSTOM]
+    python3 benchmarks/throughput_e2e.py --out results.md --commit abc1234 [--arch qwen3_5] [--layers 8]
 """
 
 from __future__ import annotations
@@ -23,45 +28,113 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm_volta_fp4.convert import convert_to_dense  # noqa: E402
 from vllm_volta_fp4.greedy import WITHOUT_VLLM_KERNELS, supported_engine_args  # noqa: E402
-from vllm_volta_fp4.tiny_model import TinyArch, make_checkpoint  # noqa: E402
+from vllm_volta_fp4.tiny_model import HybridArch, TinyArch, make_checkpoint, qwen3_8_27b  # noqa: E402
 
 PREFILL_LENGTHS = (512, 2048)
 DECODE_BATCHES = (1, 8)
 DECODE_PROMPT = 128
 DECODE_TOKENS = 128
-REPEATS = 3
+REPEATS = 3  # default of --repeats
+
+# Kernel families of the GPU-time split; a kernel counts in the first family whose pattern its name matches.
+KERNEL_FAMILIES = {
+    # ours (weight_gemm / weight_gemv / dequantize_tiles) and cuBLAS's GEMM kernels
+    "linear": re.compile(r"gemm|gemv|dequantize_tiles|nvjet|xmma|cutlass", re.IGNORECASE),
+    # ours (namespace volta_fp4::gdn); vLLM's Triton kernels: FLA's chunked rule (chunk_*, solve_tril, merge_16x16,
+    # recompute_w_u, l2norm), recurrent decode (fused_recurrent_*, fused_sigmoid_gating_*), fused_gdn_gating,
+    # _fused_post_conv, mamba's _causal_conv1d_* and the gated RMSNorm (layer_norm_fwd*: RMSNormGated's CUDA path)
+    "GDN": re.compile(r"gdn|chunk|recurrent|conv1d|sigmoid_gating|post_conv|solve_tril|merge_16x16|recompute_w_u"
+                      r"|l2norm|layer_norm_fwd", re.IGNORECASE),
+    # ours (namespace volta_fp4::attention: paged attention, split combine, KV-cache write)
+    "attention": re.compile(r"attention", re.IGNORECASE),
+}
 
 
-def qwen3_8_27b_layers(layers: int) -> TinyArch:
-    """Qwen3.8-27B's widths (hidden 5120, intermediate 17408, 24 query / 4 KV heads of 256) on the Qwen3
-    architecture: its full-attention layers without the output gate; no Gated-DeltaNet layers."""
-    return TinyArch("Qwen3ForCausalLM", "qwen3", 5120, 17408, 24, 4, 256, layers, True)
+@dataclass(frozen=True)
+class Engine:
+    """One column of the table: how the checkpoint is served."""
+
+    name: str
+    what: str
+    quantized: bool  # the NVFP4 checkpoint with volta_nvfp4, else its fp16 dequantization unquantized
+    our_gdn: bool = False  # vllm_volta_fp4's GDN kernels in vLLM's GDN layers, else vLLM's Triton ones
 
 
-def timed(llm, prompts: list[list[int]], max_tokens: int) -> float:
+@dataclass(frozen=True)
+class Arch:
+    """A benchmarked architecture: its shape at ``layers`` layers, the engines, their extra engine arguments,
+    the kernel families it runs and how the table describes the model."""
+
+    shape: Callable[[int], TinyArch | HybridArch]
+    engines: tuple[Engine, ...]
+    engine_args: dict
+    kernel_families: tuple[str, ...]
+    describe: Callable[[int], str]
+
+
+def _describe_qwen3(layers: int) -> str:
+    return (f"Qwen3 architecture with Qwen3.8-27B widths (hidden 5120, intermediate 17408, 24 Q / 4 KV heads × 256), "
+            f"{layers} decoder layers")
+
+
+def _describe_qwen3_5(layers: int) -> str:
+    full = layers // 4
+    return (f"Qwen3_5ForConditionalGeneration (the Qwen3.8-27B hybrid) at its widths: {layers} decoder layers = "
+            f"{layers - full} Gated-DeltaNet + {full} gated full attention (every 4th, as in the real 64), hidden "
+            "5120, MLP intermediate 17408; full attention 24 Q / 4 KV heads × 256 with sigmoid output gate, partial "
+            "rotary 0.25; GDN 16 key / 48 value heads × 128, conv kernel 4; a one-block 64-wide vision tower "
+            "(served text only: `language_model_only`); weights initialised as transformers does (N(0, 0.02))")
+
+
+_FP16 = "the fp16 checkpoint served unquantized (cuBLAS GEMMs)"
+_NVFP4 = "the NVFP4 checkpoint with `quantization=\"volta_nvfp4\"` (our GEMMs)"
+_VLLM_GDN = "vLLM's Triton kernels (`gdn_prefill_backend=\"triton\"`)"
+
+ARCHS = {
+    "qwen3": Arch(
+        shape=lambda layers: TinyArch("Qwen3ForCausalLM", "qwen3", 5120, 17408, 24, 4, 256, layers, True),
+        engines=(Engine("fp16", _FP16, quantized=False), Engine("volta_nvfp4", _NVFP4, quantized=True)),
+        engine_args={}, kernel_families=("linear", "attention"), describe=_describe_qwen3),
+    "qwen3_5": Arch(
+        shape=qwen3_8_27b,
+        engines=(Engine("fp16", f"{_FP16}, GDN on {_VLLM_GDN}", quantized=False),
+                 Engine("volta_nvfp4", f"{_NVFP4}, GDN on {_VLLM_GDN}", quantized=True),
+                 Engine("volta_nvfp4 + our GDN", f"{_NVFP4}, GDN on our kernels (vllm_volta_fp4.plugin.gdn_layer)",
+                        quantized=True, our_gdn=True)),
+        # With prefix caching off vLLM keeps one GDN state per sequence (mamba_cache_mode "none"), so the step
+        # budget need not cover an attention block (which it sizes to hold a GDN state: ~400 tokens at these widths).
+        engine_args={"language_model_only": True, "gdn_prefill_backend": "triton"},
+        kernel_families=("linear", "GDN", "attention"), describe=_describe_qwen3_5),
+}
+
+
+def timed(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> float:
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
     samples = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
         llm.generate(inputs, params, use_tqdm=False)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
 
-LINEAR_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|cutlass", re.IGNORECASE)  # ours and cuBLAS's GEMM kernels
+def kernel_family(name: str) -> str:
+    return next((family for family, pattern in KERNEL_FAMILIES.items() if pattern.search(name)), "other")
 
 
-def gpu_time_per_decode_token(llm, prompt: list[int]) -> tuple[float, float]:
-    """(all kernels, linear-layer kernels only) in seconds of GPU time per decoded token at batch 1: profiled
+def gpu_time_per_decode_token(llm, prompt: list[int]) -> dict[str, float]:
+    """Seconds of GPU time per decoded token at batch 1, all kernels ("all") and per kernel family: profiled
     N + 1 tokens minus 1 token. Prints the kernels that take the most time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -76,23 +149,44 @@ def gpu_time_per_decode_token(llm, prompt: list[int]) -> tuple[float, float]:
 
     one, many = kernel_seconds(1), kernel_seconds(DECODE_TOKENS + 1)
     per_token = {name: (seconds - one.get(name, 0.0)) / DECODE_TOKENS for name, seconds in many.items()}
-    for name, seconds in sorted(per_token.items(), key=lambda item: -item[1])[:12]:
-        print(f"    {seconds * 1e6:8.1f} µs/token  {name[:110]}", flush=True)
-    linear = sum(seconds for name, seconds in per_token.items() if LINEAR_KERNEL.search(name))
-    return sum(per_token.values()), linear
+    for name, seconds in sorted(per_token.items(), key=lambda item: -item[1])[:16]:
+        print(f"    {seconds * 1e6:8.1f} µs/token  {kernel_family(name):13}  {name[:110]}", flush=True)
+    totals = {"all": sum(per_token.values())}
+    for name, seconds in per_token.items():
+        totals[kernel_family(name)] = totals.get(kernel_family(name), 0.0) + seconds
+    return totals
 
 
-def measure(model: Path, attention: str, quantized: bool) -> dict[str, float]:
+def our_gdn_layers(llm) -> int:
+    """How many of an in-process engine's GDN layers run vllm_volta_fp4's GDN kernels."""
+    from vllm_volta_fp4.plugin.gdn_layer import GdnLayerOverride
+
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    return sum(isinstance(module, GdnLayerOverride) for module in runner.model.modules())
+
+
+def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: int) -> dict[str, float]:
     import torch
     from vllm import LLM
+
+    from vllm_volta_fp4 import gdn
+    from vllm_volta_fp4.plugin import gdn_layer
 
     settings = {**WITHOUT_VLLM_KERNELS, "model": str(model), "dtype": "float16", "max_model_len": 4096,
                 "max_num_batched_tokens": 4096, "max_num_seqs": 16, "enable_prefix_caching": False,
                 "gpu_memory_utilization": 0.6, "kv_cache_memory_bytes": 4 << 30, "seed": 0,
-                "attention_backend": attention, "async_scheduling": False}
-    if quantized:
+                "attention_backend": attention, "async_scheduling": False, **arch.engine_args}
+    if engine.quantized:
         settings["quantization"] = "volta_nvfp4"
-    llm = LLM(**supported_engine_args(settings))
+    # vLLM looks its out-of-tree registry up when it builds the model, so the overrides apply to this engine only;
+    # without our GDN ops they would silently defer to vLLM's kernels and the column would be a copy.
+    if engine.our_gdn and not (gdn.kernels_available() and gdn_layer.install()):
+        raise RuntimeError("vllm_volta_fp4's GDN kernels cannot run here (extension without GDN ops, or no GDN layer "
+                           "in this vLLM)")
+    try:
+        llm = LLM(**supported_engine_args(settings))
+    finally:
+        gdn_layer.uninstall()  # the engines built after this one get vLLM's own GDN classes
     generator = torch.Generator().manual_seed(0)
 
     def prompt(length: int) -> list[int]:
@@ -100,22 +194,28 @@ def measure(model: Path, attention: str, quantized: bool) -> dict[str, float]:
 
     results: dict[str, float] = {}
     try:
-        timed(llm, [prompt(64)], 8)  # warm-up: first launches, allocator
+        if engine.our_gdn:
+            layers = our_gdn_layers(llm)
+            print(f"  GDN layers on our kernels: {layers}", flush=True)
+            if layers == 0:
+                raise RuntimeError("no GDN layer of the engine runs vllm_volta_fp4's GDN kernels")
+        timed(llm, [prompt(64)], 8, repeats=1)  # warm-up: first launches, allocator, Triton compilation
         for length in PREFILL_LENGTHS:
-            seconds = timed(llm, [prompt(length)], 1)
+            seconds = timed(llm, [prompt(length)], 1, repeats)
             results[f"TTFT {length} (ms)"] = seconds * 1e3
             results[f"prefill {length} (tok/s)"] = length / seconds
             print(f"  prefill {length}: {seconds * 1e3:.1f} ms", flush=True)
         for batch in DECODE_BATCHES:
             prompts = [prompt(DECODE_PROMPT) for _ in range(batch)]
-            seconds = timed(llm, prompts, DECODE_TOKENS + 1) - timed(llm, prompts, 1)
+            seconds = timed(llm, prompts, DECODE_TOKENS + 1, repeats) - timed(llm, prompts, 1, repeats)
             results[f"decode batch {batch} (tok/s)"] = batch * DECODE_TOKENS / seconds
             print(f"  decode batch {batch}: {batch * DECODE_TOKENS / seconds:.1f} tok/s", flush=True)
-        every_kernel, linear = gpu_time_per_decode_token(llm, prompt(DECODE_PROMPT))
-        results["GPU time per token, batch 1 (µs)"] = every_kernel * 1e6
-        results["… of it in linear layers (µs)"] = linear * 1e6
-        print(f"  GPU time per decoded token: {every_kernel * 1e6:.0f} µs, linear layers {linear * 1e6:.0f} µs",
-              flush=True)
+        gpu_time = gpu_time_per_decode_token(llm, prompt(DECODE_PROMPT))
+        results["GPU time per token, batch 1 (µs)"] = gpu_time["all"] * 1e6
+        for family in arch.kernel_families:
+            results[f"… of it in {family} kernels (µs)"] = gpu_time.get(family, 0.0) * 1e6
+        print("  GPU time per decoded token: " + ", ".join(f"{family} {seconds * 1e6:.0f} µs"
+                                                            for family, seconds in gpu_time.items()), flush=True)
     finally:
         del llm
         gc.collect()
@@ -123,62 +223,87 @@ def measure(model: Path, attention: str, quantized: bool) -> dict[str, float]:
     return results
 
 
+def ratio(metric: str, base: float, other: float) -> str:
+    """How much better ``other`` is than ``base`` (times are inverted)."""
+    if base == 0 or other == 0:
+        return "–"
+    lower_is_better = "ms" in metric or "µs" in metric
+    return f"{base / other if lower_is_better else other / base:.2f}×"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", default="uncommitted")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="qwen3")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--attention", default="CUSTOM", help="attention backend for both models")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per measurement (median)")
+    parser.add_argument("--attention", default="CUSTOM", help="attention backend for every engine")
     parser.add_argument("--workdir", default=None, help="where the checkpoints go (default: a temporary folder)")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # in-process engine core: the GDN overrides are registered in this process, and our_gdn_layers looks inside
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_VOLTA_FP4_GDN"] = "0"  # our GDN kernels only where an engine asks (Engine.our_gdn)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
     import torch
+    import triton
     import vllm
 
     import vllm_volta_fp4
 
+    # vLLM's Triton GDN kernels (FLA) ask Triton for scratch memory; vLLM 0.20 installs an allocator for some
+    # models only (not Qwen3.5), 0.19.1 for none
+    if hasattr(triton, "set_allocator"):
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     vllm_volta_fp4.register()
+    arch = ARCHS[args.arch]
     root = Path(args.workdir or tempfile.mkdtemp(prefix="throughput-"))
-    shape = qwen3_8_27b_layers(args.layers)
     start = time.perf_counter()
-    print(f"making a {args.layers}-layer Qwen3.8-27B-width NVFP4 checkpoint on the GPU …", flush=True)
-    quantized = make_checkpoint(root / "nvfp4", shape, "ct-w4a16", device="cuda")
+    print(f"making a {args.layers}-layer {args.arch} NVFP4 checkpoint at Qwen3.8-27B widths on the GPU …", flush=True)
+    quantized = make_checkpoint(root / "nvfp4", arch.shape(args.layers), "ct-w4a16", device="cuda")
+    torch.cuda.empty_cache()
     print(f"dequantizing it to fp16 … ({time.perf_counter() - start:.0f} s so far)", flush=True)
     dense = convert_to_dense(quantized, root / "fp16", dtype=torch.float16, verify=False, device="cuda")
     print(f"checkpoints ready in {time.perf_counter() - start:.0f} s", flush=True)
 
     columns = {}
-    for name, model, is_quantized in (("fp16", dense, False), ("volta_nvfp4", quantized, True)):
-        print(f"{name}:", flush=True)
-        columns[name] = measure(model, args.attention, is_quantized)
+    for engine in arch.engines:
+        print(f"{engine.name}:", flush=True)
+        columns[engine.name] = measure(quantized if engine.quantized else dense, arch, engine, args.attention,
+                                       args.repeats)
 
     size = {name: sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e9
             for name, path in (("fp16", dense), ("volta_nvfp4", quantized))}
+    names = [engine.name for engine in arch.engines]
+    pairs = [(base, other) for index, base in enumerate(names) for other in names[index + 1:]]
     lines = [
-        f"# vLLM throughput with the plugin — {torch.cuda.get_device_name(0)}",
+        f"# vLLM throughput with the plugin, {args.arch} — {torch.cuda.get_device_name(0)}",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {args.commit}, "
-        f"vLLM {vllm.__version__}, torch {torch.__version__}",
-        f"- model: Qwen3 architecture with Qwen3.8-27B widths (hidden 5120, intermediate 17408, 24 Q / 4 KV heads "
-        f"× 256), {args.layers} decoder layers, vocabulary 384 (so the layers, not the lm_head, dominate), random "
-        f"weights; NVFP4 as compressed-tensors W4A16 ({size['volta_nvfp4']:.2f} GB) vs the same weights "
-        f"dequantized to fp16 ({size['fp16']:.2f} GB) and served unquantized (cuBLAS).",
-        f"- engine: fp16, attention backend {args.attention} for both, eager (no CUDA graphs: "
+        f"vLLM {vllm.__version__}, torch {torch.__version__}, triton {triton.__version__}",
+        f"- model: {arch.describe(args.layers)}; vocabulary 384 (so the layers, not the lm_head, dominate), random "
+        f"weights. NVFP4 as compressed-tensors W4A16 ({size['volta_nvfp4']:.2f} GB; what real exports leave in 16 "
+        f"bits stays so) vs the same weights dequantized to fp16 ({size['fp16']:.2f} GB).",
+        "- engines (columns): " + "; ".join(f"**{engine.name}**: {engine.what}" for engine in arch.engines) + ".",
+        f"- engine settings: fp16, attention backend {args.attention} for all, eager (no CUDA graphs: "
         "`benchmarks/throughput_e2e.py` runs with vLLM's pure-Python kit), prefix caching off, one prefill step "
-        f"per prompt; medians of {REPEATS}. Decode: {DECODE_TOKENS} tokens after a {DECODE_PROMPT}-token prompt.",
+        f"per prompt; medians of {args.repeats}. Decode: {DECODE_TOKENS} tokens after a {DECODE_PROMPT}-token prompt.",
+        "- GPU time per token: the sum of kernel times per decoded token at batch 1 (torch profiler), and the part "
+        "of it in each kernel family: " + "; ".join(f"{family} = names matching `{KERNEL_FAMILIES[family].pattern}`"
+                                                      for family in arch.kernel_families)
+        + "; PyTorch's own kernels (elementwise, copies: vLLM's native ops, e.g. its gated RMSNorm) count in none.",
         "",
-        "| metric | fp16 | volta_nvfp4 | volta_nvfp4 / fp16 |",
-        "|---|---:|---:|---:|",
+        "| metric | " + " | ".join(names) + " | " + " | ".join(f"{other} / {base}" for base, other in pairs) + " |",
+        "|---|" + "---:|" * (len(names) + len(pairs)),
     ]
-    for metric in columns["fp16"]:
-        fp16, ours = columns["fp16"][metric], columns["volta_nvfp4"][metric]
-        lower_is_better = "ms" in metric or "µs" in metric
-        ratio = fp16 / ours if lower_is_better else ours / fp16
-        lines.append(f"| {metric} | {fp16:.1f} | {ours:.1f} | {ratio:.2f}× |")
+    for metric in columns[names[0]]:
+        values = [columns[name][metric] for name in names]
+        ratios = [ratio(metric, columns[base][metric], columns[other][metric]) for base, other in pairs]
+        lines.append(f"| {metric} | " + " | ".join(f"{value:.1f}" for value in values) + " | " + " | ".join(ratios)
+                     + " |")
     lines.append("")
-    lines.append("Ratios: higher is better for the plugin (times are inverted).")
+    lines.append("Ratios: higher is better for the engine named first (times are inverted).")
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -4,6 +4,8 @@
 tokenizer and sharded safetensors exactly as the named producer lays them out. Widths are multiples of 16 but not
 powers of two (hidden 320, intermediate 864) so kernels and loaders meet realistic odd shapes. q, k and v (and gate
 and up) are quantized separately, so each shard of a fused layer has its own global scale, as in real checkpoints.
+``make_checkpoint(dest, shape, fmt, device=...)`` writes the same for any ``TinyArch`` or ``HybridArch`` shape, e.g.
+a few layers at real widths for benchmarks, made on a GPU.
 """
 
 from __future__ import annotations
@@ -36,12 +38,40 @@ class TinyArch:
     qk_norm: bool
 
 
+@dataclass(frozen=True)
+class HybridArch:
+    """Qwen3_5ForConditionalGeneration's text model: Gated-DeltaNet (linear attention) layers with a gated
+    full-attention layer every ``full_attention_interval``-th, partial rotary 0.25 (mrope_section: the rotary
+    frequency pairs per position axis, head_dim / 8 of them), plus a one-block vision tower."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    gdn_key_heads: int
+    gdn_value_heads: int
+    gdn_head_dim: int
+    conv_kernel: int
+    mrope_section: tuple[int, int, int]
+    full_attention_interval: int = 4
+
+
+def qwen3_8_27b(layers: int) -> HybridArch:
+    """``layers`` decoder layers of Qwen3.8-27B (3 GDN : 1 full attention, as in its 64; tests/data/
+    qwen3.8-27b-config.json): hidden 5120, intermediate 17408, 24 query / 4 KV heads of 256 with output gate,
+    GDN 16 key / 48 value heads of 128, conv kernel 4, mrope_section [11, 11, 10]."""
+    return HybridArch(5120, 17408, 24, 4, 256, layers, 16, 48, 128, 4, (11, 11, 10))
+
+
 _ARCHS = {
     # 8 query / 2 KV heads: tensor parallel 2, 4 and 8 all divide the heads (KV heads are replicated past 2).
     # Llama's 864 splits into 16-element blocks at TP 2 only (a TP-4 split is the "clear error" case); Qwen3's 640
     # splits at TP 2, 4 and 8.
     "llama": TinyArch("LlamaForCausalLM", "llama", 320, 864, 8, 2, 64, 2, False),
     "qwen3": TinyArch("Qwen3ForCausalLM", "qwen3", 256, 640, 8, 2, 64, 2, True),
+    "qwen3_5": HybridArch(256, 640, 8, 2, 64, 4, 2, 4, 64, 4, (4, 2, 2)),
 }
 
 _CORPUS = [
@@ -126,28 +156,42 @@ MODELOPT_EXCLUDES = ["lm_head", "model.visual*", "*.linear_attn.in_proj_a", "*.l
 CT_IGNORE = ["lm_head", "re:model\\.visual\\..*", "re:.*\\.linear_attn\\.in_proj_[ab]$"]
 
 
-def _qwen3_5_weights_and_config(vocab: int, seed: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """A tiny Qwen3_5ForConditionalGeneration (3 Gated-DeltaNet layers + 1 gated full-attention layer, a one-block
-    vision tower) initialised by transformers itself, so tensor names and shapes are exactly what it saves."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+def qwen3_5_config(shape: HybridArch, vocab: int) -> dict:
+    """config.json of a Qwen3_5ForConditionalGeneration of ``shape`` (vision tower: one 64-wide block)."""
+    from transformers import Qwen3_5Config
 
-    text = dict(vocab_size=vocab, hidden_size=256, intermediate_size=640, num_hidden_layers=4, num_attention_heads=8,
-                num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
-                linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, full_attention_interval=4,
-                layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=4096,
-                tie_word_embeddings=False, eos_token_id=0, bos_token_id=1, pad_token_id=3,
+    layer_types = ["full_attention" if (layer + 1) % shape.full_attention_interval == 0 else "linear_attention"
+                   for layer in range(shape.layers)]
+    text = dict(vocab_size=vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                head_dim=shape.head_dim, linear_num_key_heads=shape.gdn_key_heads,
+                linear_num_value_heads=shape.gdn_value_heads, linear_key_head_dim=shape.gdn_head_dim,
+                linear_value_head_dim=shape.gdn_head_dim, linear_conv_kernel_dim=shape.conv_kernel,
+                full_attention_interval=shape.full_attention_interval, layer_types=layer_types,
+                max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=0, bos_token_id=1,
+                pad_token_id=3,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                                 "mrope_interleaved": True, "mrope_section": [4, 2, 2]})
-    vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256, patch_size=16,
-                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3, num_position_embeddings=64)
+                                 "mrope_interleaved": True, "mrope_section": list(shape.mrope_section)})
+    vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=shape.hidden,
+                  patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3, num_position_embeddings=64)
     special = {"image_token_id": vocab - 4, "video_token_id": vocab - 3, "vision_start_token_id": vocab - 2,
                "vision_end_token_id": vocab - 1}
     config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False, **special)
-    torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration(config)
-    weights = {name: tensor.detach().float().contiguous() for name, tensor in model.state_dict().items()}
     # save_pretrained would add the architecture; without it vLLM serves the bare Qwen3_5Model as an embedder
-    return weights, {**config.to_dict(), "architectures": ["Qwen3_5ForConditionalGeneration"]}
+    return {**config.to_dict(), "architectures": ["Qwen3_5ForConditionalGeneration"]}
+
+
+def qwen3_5_weights(config: dict, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """float32 weights of a Qwen3_5ForConditionalGeneration built by transformers itself on ``device``, so names,
+    shapes and initialisation are exactly its own: linear, conv1d and embedding weights N(0, 0.02), the (1 + w)
+    RMSNorms zero, the gated output norm one, dt_bias one, A_log = log U(0.01, 16). "meta" gives names and shapes
+    without values; a CUDA device makes real widths quickly."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config.from_dict(config))
+    return {name: tensor.detach().float().contiguous() for name, tensor in model.state_dict().items()}
 
 
 def _is_quantized_linear(name: str) -> bool:
@@ -231,25 +275,23 @@ def make_tiny_checkpoint(dest: str | Path, arch: str = "llama", fmt: str = "mode
     overrides the attention head size of the llama and qwen3 models (64) to exercise other attention kernels."""
     if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and fmt one of {FORMATS}")
-    if head_dim is not None and arch not in _ARCHS:
-        raise ValueError(f"head_dim can be chosen for {sorted(_ARCHS)} only")
-    if arch == "qwen3_5":
-        dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        vocab = write_tokenizer(dest)
-        weights, config = _qwen3_5_weights_and_config(vocab, seed)
-        return _write_checkpoint(dest, weights, config, fmt)
+    if head_dim is not None and not isinstance(_ARCHS[arch], TinyArch):
+        raise ValueError("head_dim can be chosen for the llama and qwen3 models only")
     shape = _ARCHS[arch] if head_dim is None else dataclasses.replace(_ARCHS[arch], head_dim=head_dim)
     return make_checkpoint(dest, shape, fmt, seed)
 
 
-def make_checkpoint(dest: str | Path, shape: TinyArch, fmt: str = "modelopt-nvfp4", seed: int = 0,
+def make_checkpoint(dest: str | Path, shape: TinyArch | HybridArch, fmt: str = "modelopt-nvfp4", seed: int = 0,
                     device: str = "cpu") -> Path:
-    """Write a random Llama/Qwen3-architecture model of any ``shape`` (e.g. a few layers at real widths, for
-    benchmarks) as an NVFP4 checkpoint in producer format ``fmt``, generated and quantized on ``device``."""
+    """Write a random model of any ``shape`` (e.g. a few layers at real widths, for benchmarks) as an NVFP4
+    checkpoint in producer format ``fmt``, generated and quantized on ``device``: Llama/Qwen3 for a TinyArch,
+    Qwen3_5ForConditionalGeneration for a HybridArch."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(dest)
+    if isinstance(shape, HybridArch):
+        config = qwen3_5_config(shape, vocab)
+        return _write_checkpoint(dest, qwen3_5_weights(config, seed, device), config, fmt)
     return _write_checkpoint(dest, random_weights(shape, vocab, seed, device), _hf_config(shape, vocab), fmt)
 
 
