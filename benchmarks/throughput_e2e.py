@@ -121,6 +121,7 @@ def timed(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> float
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
+    llm.generate(inputs, params, use_tqdm=False)  # untimed: Triton compiles vLLM's kernels for new shapes here
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
