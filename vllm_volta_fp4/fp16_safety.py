@@ -82,9 +82,10 @@ def build_model(seed: int = 0, vocab: int = 384):
     """The tiny Qwen3.5 of tiny_model (fp32, eval mode), as a transformers module."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from vllm_volta_fp4.tiny_model import _qwen3_5_weights_and_config
+    from vllm_volta_fp4 import tiny_model
 
-    weights, config = _qwen3_5_weights_and_config(vocab, seed)
+    config = tiny_model.qwen3_5_config(tiny_model.tiny_arch("qwen3_5"), vocab)
+    weights = tiny_model.qwen3_5_weights(config, seed)
     config = {k: v for k, v in config.items() if k != "architectures"}
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**config))
     model.load_state_dict(weights)

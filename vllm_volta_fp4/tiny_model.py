@@ -85,6 +85,11 @@ _CHAT_TEMPLATE = (
 )
 
 
+def tiny_arch(arch: str) -> TinyArch | HybridArch:
+    """The shape behind make_tiny_checkpoint's ``arch`` (one of ARCHS)."""
+    return _ARCHS[arch]
+
+
 def write_tokenizer(dest: Path, vocab_size: int = 384) -> int:
     """Train a byte-level BPE tokenizer on a small fixed corpus; returns its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
