@@ -35,7 +35,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm_volta_fp4.convert import convert_to_dense  # noqa: E402
-from vllm_volta_fp4.greedy import WITHOUT_VLLM_KERNELS, supported_engine_args  # noqa: E402
+from vllm_volta_fp4.greedy import (  # noqa: E402
+    WITHOUT_VLLM_KERNELS,
+    engine_model,
+    supported_engine_args,
+    use_torch_allocator_for_triton,
+)
 from vllm_volta_fp4.tiny_model import HybridArch, TinyArch, make_checkpoint, qwen3_8_27b  # noqa: E402
 
 PREFILL_LENGTHS = (512, 2048)
@@ -158,14 +163,6 @@ def gpu_time_per_decode_token(llm, prompt: list[int]) -> dict[str, float]:
     return totals
 
 
-def our_gdn_layers(llm) -> int:
-    """How many of an in-process engine's GDN layers run vllm_volta_fp4's GDN kernels."""
-    from vllm_volta_fp4.plugin.gdn_layer import GdnLayerOverride
-
-    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-    return sum(isinstance(module, GdnLayerOverride) for module in runner.model.modules())
-
-
 def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: int) -> dict[str, float]:
     import torch
     from vllm import LLM
@@ -196,7 +193,7 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
     results: dict[str, float] = {}
     try:
         if engine.our_gdn:
-            layers = our_gdn_layers(llm)
+            layers = gdn_layer.layers_on_our_kernels(engine_model(llm))
             print(f"  GDN layers on our kernels: {layers}", flush=True)
             if layers == 0:
                 raise RuntimeError("no GDN layer of the engine runs vllm_volta_fp4's GDN kernels")
@@ -242,7 +239,7 @@ def main() -> int:
     parser.add_argument("--attention", default="CUSTOM", help="attention backend for every engine")
     parser.add_argument("--workdir", default=None, help="where the checkpoints go (default: a temporary folder)")
     args = parser.parse_args()
-    # in-process engine core: the GDN overrides are registered in this process, and our_gdn_layers looks inside
+    # in-process engine core: the GDN overrides are registered in this process, and engine_model looks inside
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_VOLTA_FP4_GDN"] = "0"  # our GDN kernels only where an engine asks (Engine.our_gdn)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -253,10 +250,7 @@ def main() -> int:
 
     import vllm_volta_fp4
 
-    # vLLM's Triton GDN kernels (FLA) ask Triton for scratch memory; vLLM 0.20 installs an allocator for some
-    # models only (not Qwen3.5), 0.19.1 for none
-    if hasattr(triton, "set_allocator"):
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    use_torch_allocator_for_triton()  # vLLM 0.20.2 installs none for Qwen3.5
     vllm_volta_fp4.register()
     arch = ARCHS[args.arch]
     root = Path(args.workdir or tempfile.mkdtemp(prefix="throughput-"))

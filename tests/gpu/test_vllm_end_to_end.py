@@ -181,15 +181,14 @@ def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allo
     settings = {**ENGINE, **QWEN3_5, "quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
                 "model": str(runs.checkpoint("qwen3_5", fmt))}
     script = (
-        "import dataclasses, json, sys, torch, triton\n"
-        "if hasattr(triton, 'set_allocator'):\n"
-        "    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device='cuda'))\n"
+        "import dataclasses, json, sys\n"
         "from vllm import LLM\n"
-        "from vllm_volta_fp4.greedy import generate_with, supported_engine_args\n"
-        "from vllm_volta_fp4.plugin.gdn_layer import GdnLayerOverride\n"
+        "from vllm_volta_fp4.greedy import engine_model, generate_with, supported_engine_args, "
+        "use_torch_allocator_for_triton\n"
+        "from vllm_volta_fp4.plugin.gdn_layer import layers_on_our_kernels\n"
+        "use_torch_allocator_for_triton()\n"
         "llm = LLM(**supported_engine_args(json.loads(sys.argv[1])))\n"
-        "runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner\n"
-        "layers = sum(isinstance(m, GdnLayerOverride) for m in runner.model.modules())\n"
+        "layers = layers_on_our_kernels(engine_model(llm))\n"
         "passes = [generate_with(llm, json.loads(sys.argv[2]), int(sys.argv[3])) for _ in range(2)]\n"
         "print('RESULT', json.dumps({'layers': layers, 'passes': [[dataclasses.asdict(g) for g in p] for p in passes]}))\n"
     )

@@ -141,6 +141,11 @@ class GdnLayerOverride:
         return True
 
 
+def layers_on_our_kernels(model) -> int:
+    """How many GDN layers of a model module (e.g. greedy.engine_model's) are our override."""
+    return sum(isinstance(module, GdnLayerOverride) for module in model.modules())
+
+
 def _layer_metadata(prefix: str):
     """This layer's GDN metadata of the current forward pass (None in a profile run)."""
     from vllm.forward_context import get_forward_context
