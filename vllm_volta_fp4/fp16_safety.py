@@ -80,15 +80,9 @@ class Stress:
 
 def build_model(seed: int = 0, vocab: int = 384):
     """The tiny Qwen3.5 of tiny_model (fp32, eval mode), as a transformers module."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
-
     from vllm_volta_fp4 import tiny_model
 
-    config = tiny_model.qwen3_5_config(tiny_model.tiny_arch("qwen3_5"), vocab)
-    weights = tiny_model.qwen3_5_weights(config, seed)
-    config = {k: v for k, v in config.items() if k != "architectures"}
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**config))
-    model.load_state_dict(weights)
+    model = tiny_model.qwen3_5_model(tiny_model.qwen3_5_config(tiny_model.tiny_arch("qwen3_5"), vocab), seed)
     model.config._attn_implementation = "eager"
     model.model.language_model.config._attn_implementation = "eager"
     return model.eval()

@@ -186,16 +186,21 @@ def qwen3_5_config(shape: HybridArch, vocab: int) -> dict:
     return {**config.to_dict(), "architectures": ["Qwen3_5ForConditionalGeneration"]}
 
 
-def qwen3_5_weights(config: dict, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """float32 weights of a Qwen3_5ForConditionalGeneration built by transformers itself on ``device``, so names,
-    shapes and initialisation are exactly its own: linear, conv1d and embedding weights N(0, 0.02), the (1 + w)
-    RMSNorms zero, the gated output norm one, dt_bias one, A_log = log U(0.01, 16). "meta" gives names and shapes
-    without values; a CUDA device makes real widths quickly."""
+def qwen3_5_model(config: dict, seed: int = 0, device: str = "cpu"):
+    """A Qwen3_5ForConditionalGeneration built by transformers itself on ``device``, so names, shapes and
+    initialisation are exactly its own: linear, conv1d and embedding weights N(0, 0.02), the (1 + w) RMSNorms zero,
+    the gated output norm one, dt_bias one, A_log = log U(0.01, 16). "meta" gives names and shapes without values;
+    a CUDA device makes real widths quickly."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config.from_dict(config))
+        return Qwen3_5ForConditionalGeneration(Qwen3_5Config.from_dict(config))
+
+
+def qwen3_5_weights(config: dict, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """float32 weights of qwen3_5_model(config, seed, device)."""
+    model = qwen3_5_model(config, seed, device)
     return {name: tensor.detach().float().contiguous() for name, tensor in model.state_dict().items()}
 
 
