@@ -25,7 +25,7 @@ def _why_extension_cannot_build() -> str | None:
         return f"torch {torch.__version__} is a CPU build"
     if not (CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))) and not shutil.which("nvcc"):
         return "nvcc not found (set CUDA_HOME)"
-    if not glob.glob("csrc/*.cu"):
+    if not glob.glob("csrc/**/*.cu", recursive=True):
         return "no CUDA sources in csrc/"
     return None
 
@@ -49,7 +49,7 @@ def _extensions() -> tuple[list, dict]:
         f"building the CUDA extension for TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']} "
         f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
     )
-    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/*.cu"))
+    sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True))
     extension = CUDAExtension(
         name="vllm_volta_fp4._C",
         sources=sources,

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from event_timing import median_ms
-from vllm_volta_fp4 import attention
+from devkit.random_batches import RandomPagedBatch
+from vllm_volta_fp4.ops import attention
 
 # (name, num_heads, num_kv_heads, head_size)
 MODELS = [("qwen3.8-27b", 24, 4, 256), ("llama-like", 32, 8, 128)]
@@ -33,7 +34,7 @@ BLOCK_SIZE = 16
 def run_case(kind: str, model: tuple, batch_size: int, length: int, repeats: int) -> dict:
     name, heads, kv_heads, head_size = model
     seqs = [(0, length)] if kind == "prefill" else [(length - 1, 1)] * batch_size
-    batch = attention.RandomPagedBatch(seqs, heads, kv_heads, head_size, BLOCK_SIZE, device="cuda", seed=length)
+    batch = RandomPagedBatch(seqs, heads, kv_heads, head_size, BLOCK_SIZE, device="cuda", seed=length)
     batch.write_new_tokens()
     scale = 1.0 / math.sqrt(head_size)
     q_len = length if kind == "prefill" else 1

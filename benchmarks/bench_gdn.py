@@ -27,7 +27,8 @@ from types import SimpleNamespace
 import torch
 
 from event_timing import median_ms
-from vllm_volta_fp4 import gdn
+from devkit.random_batches import RandomGdnBatch
+from vllm_volta_fp4.ops import gdn
 
 K_HEADS, V_HEADS, HEAD_DIM, CONV_WIDTH = 16, 48, 128, 4
 PREFILL_BATCHES = [[2048], [512] * 4]
@@ -98,7 +99,7 @@ def vllm_columns(ours_out: torch.Tensor, vllm_out: torch.Tensor, vllm_call, repe
     return {"vllm_rel": relative_error(vllm_out, ours_out), "vllm_us": median_us(vllm_call, repeats)}
 
 
-def vllm_chunk_call(vllm: SimpleNamespace, b: gdn.RandomGdnBatch):
+def vllm_chunk_call(vllm: SimpleNamespace, b: RandomGdnBatch):
     """vLLM's FLA chunked rule on b's sequences from their states in ``b.state`` (which it does not write)."""
     initial_state = b.state[b.state_indices.long()]
     initial_state[~b.has_initial_state] = 0
@@ -114,7 +115,7 @@ def vllm_chunk_call(vllm: SimpleNamespace, b: gdn.RandomGdnBatch):
     return lambda: vllm.chunk_gated_delta_rule(**kwargs)[0][0]
 
 
-def vllm_conv_prefill_call(vllm: SimpleNamespace, b: gdn.RandomGdnBatch, conv_state: torch.Tensor):
+def vllm_conv_prefill_call(vllm: SimpleNamespace, b: RandomGdnBatch, conv_state: torch.Tensor):
     nums_dict, batch_ptr, token_chunk_offset_ptr = vllm.compute_causal_conv1d_metadata(
         b.cu_seqlens.cpu(), device=torch.device("cuda"))
     metadata = SimpleNamespace(nums_dict=nums_dict, batch_ptr=batch_ptr,  # the fields it reads of GDNAttentionMetadata
@@ -126,7 +127,7 @@ def vllm_conv_prefill_call(vllm: SimpleNamespace, b: gdn.RandomGdnBatch, conv_st
 
 
 def prefill_rows(lengths: list[int], repeats: int, vllm: SimpleNamespace | None) -> list[dict]:
-    b = gdn.RandomGdnBatch(lengths, K_HEADS, V_HEADS, HEAD_DIM, conv_width=CONV_WIDTH, device="cuda", seed=len(lengths))
+    b = RandomGdnBatch(lengths, K_HEADS, V_HEADS, HEAD_DIM, conv_width=CONV_WIDTH, device="cuda", seed=len(lengths))
     tokens, label = sum(lengths), f"{len(lengths)}×{lengths[0]}"
     state = b.state.clone()
 
@@ -182,7 +183,7 @@ def prefill_rows(lengths: list[int], repeats: int, vllm: SimpleNamespace | None)
     return rows
 
 
-def vllm_decode_steps(vllm: SimpleNamespace | None, b: gdn.RandomGdnBatch) -> dict:
+def vllm_decode_steps(vllm: SimpleNamespace | None, b: RandomGdnBatch) -> dict:
     """{row label: step(cache, slots) → o [batch, HV, V]} for vLLM's decode kernels present (float32 state)."""
     steps = {}
     if vllm and vllm.fused_sigmoid_gating_delta_rule_update:
@@ -209,7 +210,7 @@ def vllm_decode_steps(vllm: SimpleNamespace | None, b: gdn.RandomGdnBatch) -> di
 
 def decode_rows(batch_size: int, state_dtype: torch.dtype, repeats: int, vllm: SimpleNamespace | None) -> list[dict]:
     """The decode row, or one per vLLM decode kernel compared (float32 state), ours' cells repeated."""
-    b = gdn.RandomGdnBatch([1] * batch_size, K_HEADS, V_HEADS, HEAD_DIM, state_dtype=state_dtype, device="cuda",
+    b = RandomGdnBatch([1] * batch_size, K_HEADS, V_HEADS, HEAD_DIM, state_dtype=state_dtype, device="cuda",
                            seed=batch_size)
     slot_bytes = V_HEADS * HEAD_DIM * HEAD_DIM * b.state.element_size()
     sets = max(2, -(-ROTATION_BYTES // (batch_size * slot_bytes)))
@@ -243,7 +244,7 @@ def decode_rows(batch_size: int, state_dtype: torch.dtype, repeats: int, vllm: S
 
 
 def conv_decode_row(batch_size: int, repeats: int, vllm: SimpleNamespace | None) -> dict:
-    b = gdn.RandomGdnBatch([1] * batch_size, K_HEADS, V_HEADS, HEAD_DIM, conv_width=CONV_WIDTH, device="cuda",
+    b = RandomGdnBatch([1] * batch_size, K_HEADS, V_HEADS, HEAD_DIM, conv_width=CONV_WIDTH, device="cuda",
                            seed=batch_size)
 
     def step(function, conv_state):
@@ -272,7 +273,7 @@ def table(rows: list[dict], vllm: SimpleNamespace | None, repeats: int, commit: 
         f"{datetime.date.today()}, commit {commit}, torch {torch.__version__}"
         f"{f', vLLM {vllm.version}' if vllm else ''}. One Qwen3.8-27B GDN layer "
         f"({K_HEADS} k-heads, {V_HEADS} v-heads × {HEAD_DIM}, conv width {CONV_WIDTH}); fp16 inputs. Reference: "
-        "vllm_volta_fp4/gdn.py on the GPU (chunked float32 formulation for prefill, per-sequence loop for decode). "
+        "vllm_volta_fp4/ops/gdn.py on the GPU (chunked float32 formulation for prefill, per-sequence loop for decode). "
         f"Medians of {repeats} event-timed calls after 3 untimed ones, each behind a ~2 ms GPU spin that hides the "
         "host's launch work (as CUDA graphs do): GPU times. Decode rotates over > 200 MB of state slots. The SM70 "
         "atom runs on Hopper in a slow compatibility mode: its column says nothing about a V100.",

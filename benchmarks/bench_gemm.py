@@ -18,8 +18,8 @@ import subprocess
 
 import torch
 
-from vllm_volta_fp4 import kernels
-from vllm_volta_fp4.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from vllm_volta_fp4.ops import linear
+from vllm_volta_fp4.format.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 
 # (name, N, K). Qwen3.8-27B: hidden 5120, intermediate 17408, 24 q heads × 256 doubled by the output gate
 # (12288) + k/v 2 × 4 × 256; Gated-DeltaNet in_proj taken as 5120 → 16384, out_proj 6144 → 5120.
@@ -33,7 +33,7 @@ SHAPES = [
 ]
 M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ROTATION_BYTES = 512 << 20  # > 8 × the H200's L2
-GEMV_MAX_M = 8  # PATH_GEMV takes M <= 8 (kGemvMaxM in csrc/weight_gemm.cuh)
+GEMV_MAX_M = 8  # PATH_GEMV takes M <= 8 (kGemvMaxM in csrc/gemm/weight_gemm.cuh)
 
 
 def time_graph(step, rotations: int, calls: int, replays: int = 7) -> float:
@@ -83,7 +83,7 @@ def git_commit() -> str:
 def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float) -> list[dict]:
     device = torch.device("cuda")
     q = quantize_nvfp4(torch.randn(n, k, device=device) * 0.02)
-    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale.expand(n).contiguous())
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale.expand(n).contiguous())
     w16 = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale, torch.float16)
     packed_bytes = n * k // 2 + n * k // 16
     nvfp4_copies = max(2, math.ceil(ROTATION_BYTES / packed_bytes))
@@ -96,17 +96,17 @@ def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float
         reference = inputs[0].float() @ w16.float().T
         calls = 20 if m <= 256 else 3
         def nvfp4(path, mma=None):
-            return lambda i: kernels.nvfp4_linear(inputs[i % len(inputs)], prepared_copies[i % nvfp4_copies], mma=mma, path=path)
+            return lambda i: linear.nvfp4_linear(inputs[i % len(inputs)], prepared_copies[i % nvfp4_copies], mma=mma, path=path)
         variants = {
             "cublas_fp16": (lambda i: torch.nn.functional.linear(inputs[i % len(inputs)], w16_copies[i % fp16_copies]), fp16_copies),
-            "fused_sm80": (nvfp4(kernels.PATH_FUSED, 80), nvfp4_copies),
-            "dequant_cublas": (nvfp4(kernels.PATH_DEQUANT_CUBLAS), nvfp4_copies),
-            "auto": (nvfp4(kernels.PATH_AUTO), nvfp4_copies),
+            "fused_sm80": (nvfp4(linear.PATH_FUSED, 80), nvfp4_copies),
+            "dequant_cublas": (nvfp4(linear.PATH_DEQUANT_CUBLAS), nvfp4_copies),
+            "auto": (nvfp4(linear.PATH_AUTO), nvfp4_copies),
         }
         if m <= 64:
-            variants["fused_sm70"] = (nvfp4(kernels.PATH_FUSED, 70), nvfp4_copies)
+            variants["fused_sm70"] = (nvfp4(linear.PATH_FUSED, 70), nvfp4_copies)
         if m <= GEMV_MAX_M:
-            variants["gemv"] = (nvfp4(kernels.PATH_GEMV), nvfp4_copies)
+            variants["gemv"] = (nvfp4(linear.PATH_GEMV), nvfp4_copies)
         row = {"shape": name, "N": n, "K": k, "M": m}
         for variant, (step, rotations) in variants.items():
             out = step(0).float()
@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two shapes, fewer M")
     parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse)")
     args = parser.parse_args()
-    if not kernels.is_available():
+    if not linear.is_available():
         raise SystemExit("needs CUDA and the built vllm_volta_fp4._C")
     torch.manual_seed(0)
     copy_gbps = copy_bandwidth()

@@ -34,14 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vllm_volta_fp4.convert import convert_to_dense  # noqa: E402
-from vllm_volta_fp4.greedy import (  # noqa: E402
-    WITHOUT_VLLM_KERNELS,
-    engine_model,
-    supported_engine_args,
-    use_torch_allocator_for_triton,
-)
-from vllm_volta_fp4.tiny_model import HybridArch, TinyArch, make_checkpoint, qwen3_8_27b  # noqa: E402
+from devkit.engine import engine_model, gdn_layers_on_our_kernels, uninstall_gdn_overrides  # noqa: E402
+from devkit.engine import use_torch_allocator_for_triton  # noqa: E402
+from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, supported_engine_args  # noqa: E402
+from vllm_volta_fp4.toolkit.convert import convert_to_dense  # noqa: E402
+from vllm_volta_fp4.testing.tiny_model import HybridArch, TinyArch, make_checkpoint, qwen3_8_27b  # noqa: E402
 
 PREFILL_LENGTHS = (512, 2048)
 DECODE_BATCHES = (1, 8)
@@ -167,7 +164,7 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
     import torch
     from vllm import LLM
 
-    from vllm_volta_fp4 import gdn
+    from vllm_volta_fp4.ops import gdn
     from vllm_volta_fp4.plugin import gdn_layer
 
     settings = {**WITHOUT_VLLM_KERNELS, "model": str(model), "dtype": "float16", "max_model_len": 4096,
@@ -184,7 +181,7 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
     try:
         llm = LLM(**supported_engine_args(settings))
     finally:
-        gdn_layer.uninstall()  # the engines built after this one get vLLM's own GDN classes
+        uninstall_gdn_overrides()  # the engines built after this one get vLLM's own GDN classes
     generator = torch.Generator().manual_seed(0)
 
     def prompt(length: int) -> list[int]:
@@ -193,7 +190,7 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
     results: dict[str, float] = {}
     try:
         if engine.our_gdn:
-            layers = gdn_layer.layers_on_our_kernels(engine_model(llm))
+            layers = gdn_layers_on_our_kernels(engine_model(llm))
             print(f"  GDN layers on our kernels: {layers}", flush=True)
             if layers == 0:
                 raise RuntimeError("no GDN layer of the engine runs vllm_volta_fp4's GDN kernels")

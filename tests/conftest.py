@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_volta_fp4.tiny_model import FORMATS, make_tiny_checkpoint
+from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 IN_CI = os.environ.get("CI", "").lower() == "true"

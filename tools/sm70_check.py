@@ -3,7 +3,7 @@
 
 CUDA 13 cannot target sm_70, so this uses CUDA 12.9's NVRTC and ptxas from PyPI
 (``pip install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86``):
-csrc/weight_gemm.cuh → PTX (NVRTC, every kernel instantiation the extension launches) → sm_70 cubin (ptxas -v).
+csrc/gemm/weight_gemm.cuh → PTX (NVRTC, every kernel instantiation the extension launches) → sm_70 cubin (ptxas -v).
 Fails when a kernel spills registers, needs more than Volta's 96 KB of shared memory per block, or when the PTX
 lacks the Volta HMMA instruction (mma.sync.aligned.m8n8k4). Prints registers, spills and shared memory per kernel.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HEADER = "weight_gemm.cuh"
+HEADER = "gemm/weight_gemm.cuh"
 VOLTA_MAX_SMEM_PER_BLOCK = 96 * 1024
 VOLTA_HMMA = "mma.sync.aligned.m8n8k4"
 MMA_ATOMS = ("Sm70Mma", "Sm80Mma")

@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from vllm_volta_fp4 import attention
+from devkit.random_batches import RandomPagedBatch
+from vllm_volta_fp4.ops import attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,7 +48,7 @@ def _run_case(batch_name: str, heads: tuple[int, int], head_size: int, block_siz
               sliding_window: int = 0, num_splits: int = 0, seed: int = 0):
     if mma not in _atoms():
         pytest.skip(f"the SM{mma} atom needs a newer GPU")
-    batch = attention.RandomPagedBatch(BATCHES[batch_name], heads[0], heads[1], head_size, block_size,
+    batch = RandomPagedBatch(BATCHES[batch_name], heads[0], heads[1], head_size, block_size,
                                        device="cuda", seed=seed)
     batch.write_new_tokens()
     if sliding_window:
@@ -99,7 +100,7 @@ def test_forced_kv_splits(num_splits, head_size, mma):
 
 
 def test_write_kv_cache_matches_reference():
-    batch = attention.RandomPagedBatch(BATCHES["mixed"], 8, 2, 128, 16, device="cuda", seed=7)
+    batch = RandomPagedBatch(BATCHES["mixed"], 8, 2, 128, 16, device="cuda", seed=7)
     expected = batch.kv_cache.clone()
     attention.reference_write_kv_cache(batch.new_key, batch.new_value, expected, batch.slot_mapping)
     padded_slots = torch.cat([batch.slot_mapping, torch.full((5,), -1, device="cuda")])  # vLLM pads with -1
@@ -113,7 +114,7 @@ def test_write_kv_cache_matches_reference():
 
 def test_strided_query_and_output():
     """vLLM hands q as a view of the fused qkv projection and out as a view of a wider buffer."""
-    batch = attention.RandomPagedBatch(BATCHES["mixed"], 8, 2, 64, 16, device="cuda", seed=11)
+    batch = RandomPagedBatch(BATCHES["mixed"], 8, 2, 64, 16, device="cuda", seed=11)
     batch.write_new_tokens()
     tokens = batch.query.shape[0]
     qkv = torch.randn(tokens, 12, 64, device="cuda", dtype=torch.float16)
@@ -135,7 +136,7 @@ def test_repeated_runs_are_bitwise_identical(head_size, mma):
     the KV length, chunked prefill with context, prefix hits) give the same bits, with other work in between."""
     if mma not in _atoms():
         pytest.skip(f"the SM{mma} atom needs a newer GPU")
-    batch = attention.RandomPagedBatch(BATCHES["mixed"], 24, 4, head_size, 16, device="cuda", seed=head_size)
+    batch = RandomPagedBatch(BATCHES["mixed"], 24, 4, head_size, 16, device="cuda", seed=head_size)
     batch.write_new_tokens()
     outputs = []
     for _ in range(30):

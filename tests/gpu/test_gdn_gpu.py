@@ -1,4 +1,4 @@
-"""The CUDA Gated DeltaNet ops against the float64 references of vllm_volta_fp4/gdn.py, on the device.
+"""The CUDA Gated DeltaNet ops against the float64 references of vllm_volta_fp4/ops/gdn.py, on the device.
 
 Every case draws fresh random inputs, poisons the outputs with NaN and leaves the state slots no sequence owns at
 NaN, runs one op (the chunked prefill with one MMA atom), then checks that every output was written, nothing is
@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_volta_fp4 import gdn
+from devkit.random_batches import RandomGdnBatch
+from vllm_volta_fp4.ops import gdn
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,7 +62,7 @@ def _check_states(name: str, got: torch.Tensor, ref: torch.Tensor, before: torch
     _check(name, got[owned_slots].double(), ref[owned_slots], rel_tol, 5 * rel_tol)
 
 
-def _reference_prefill(batch: gdn.RandomGdnBatch, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference_prefill(batch: RandomGdnBatch, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, state) of the float64 reference, run on the GPU in its chunked form (equal to the token-by-token
     definition: tests/test_gdn_reference.py), so that the oracle takes milliseconds instead of CPU seconds."""
     f64 = {n: getattr(batch, n).cuda().double() for n in ("q", "k", "v", "g", "beta", "state")}
@@ -76,7 +77,7 @@ def _prefill_case(name: str, lengths: list[int], k_heads: int, v_heads: int, hea
                   null_slot: int = -1, padded: list[int] = (), seed: int = 0):
     if mma and mma not in _atoms():
         pytest.skip(f"the SM{mma} atom needs a newer GPU")
-    batch = gdn.RandomGdnBatch(lengths, k_heads, v_heads, head_dim, state_dtype=state_dtype,
+    batch = RandomGdnBatch(lengths, k_heads, v_heads, head_dim, state_dtype=state_dtype,
                                has_initial=has_initial, normalised=not l2norm, seed=seed)
     for seq in padded:
         batch.state_indices[seq] = null_slot
@@ -132,7 +133,7 @@ def test_state_carry_over_pieces_then_decode(mma):
     if mma not in _atoms():
         pytest.skip(f"the SM{mma} atom needs a newer GPU")
     total, pieces, decode_steps = 297, [100, 77, 1, 115], 4
-    batch = gdn.RandomGdnBatch([total], 4, 12, 128, has_initial=[False], seed=31)
+    batch = RandomGdnBatch([total], 4, 12, 128, has_initial=[False], seed=31)
     ref, ref_state = _reference_prefill(batch)
     state, indices = batch.state.cuda(), batch.state_indices.cuda()
     outs, begin = [], 0
@@ -155,7 +156,7 @@ def test_state_carry_over_pieces_then_decode(mma):
 
 def test_chunked_prefill_strided_views_of_mixed_qkv():
     """vLLM's q, k, v are views of the conv output mixed_qkv [tokens, (2H + HV) · D]; out may be a view too."""
-    batch = gdn.RandomGdnBatch([90, 40], 2, 6, 64, seed=41)
+    batch = RandomGdnBatch([90, 40], 2, 6, 64, seed=41)
     tokens, hk = batch.q.shape[0], 2 * 64
     mixed = torch.cat([batch.q.flatten(1), batch.k.flatten(1), batch.v.flatten(1)], dim=1).cuda()
     q = mixed[:, :hk].view(tokens, 2, 64)
@@ -177,7 +178,7 @@ def test_chunked_prefill_strided_views_of_mixed_qkv():
 @pytest.mark.parametrize("head_dim", gdn.HEAD_DIMS)
 @pytest.mark.parametrize("batch_size", [1, 8, 33])
 def test_recurrent_decode(batch_size, head_dim, state_dtype, l2norm):
-    batch = gdn.RandomGdnBatch([1] * batch_size, 4, 12, head_dim, state_dtype=state_dtype, normalised=not l2norm,
+    batch = RandomGdnBatch([1] * batch_size, 4, 12, head_dim, state_dtype=state_dtype, normalised=not l2norm,
                                seed=batch_size + head_dim)
     if batch_size > 1:
         batch.state_indices[1] = -1  # a padded entry
@@ -204,7 +205,7 @@ def test_conv1d_prefill_and_decode(width):
     segment) on vLLM's transposed conv-state view, then two decode steps; the conv state holds raw inputs, so it
     must match exactly."""
     lengths = [1, 2, 200, 64, 65, 3]
-    batch = gdn.RandomGdnBatch(lengths, 2, 4, 64, conv_width=width,
+    batch = RandomGdnBatch(lengths, 2, 4, 64, conv_width=width,
                                has_initial=[True, False, True, False, True, True], seed=width)
     batch.state_indices[4] = -1
     ref_state = batch.conv_state.clone()

@@ -16,7 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_volta_fp4 import gdn
+from devkit.random_batches import RandomGdnBatch
+from devkit.engine import uninstall_gdn_overrides
+from vllm_volta_fp4.ops import gdn
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,12 +43,12 @@ def hooks(triton_allocator):
     classes = compat.gdn_hook_classes()
     if classes is None:
         pytest.skip("this vLLM has no GDN layer we hook")
-    gdn_layer.uninstall()
+    uninstall_gdn_overrides()
     assert gdn_layer.install()
     from vllm.model_executor.custom_op import op_registry_oot
 
     yield SimpleNamespace(base=classes, ours=tuple(op_registry_oot[c.__name__] for c in classes))
-    gdn_layer.uninstall()
+    uninstall_gdn_overrides()
 
 
 def _metadata(lengths: list[int], num_decodes: int, num_prefills: int, slots: list[int], has_initial: list[bool],
@@ -162,7 +164,7 @@ def test_layer_core_matches_vllms_triton_path(hooks, monkeypatch, case, heads, s
 def test_chunk_gated_delta_rule_matches_fla(hooks, l2norm):
     from vllm.model_executor.custom_op import CustomOp
 
-    batch = gdn.RandomGdnBatch([70, 1, 200, 33], 4, 12, 128, has_initial=[True, False, True, True],
+    batch = RandomGdnBatch([70, 1, 200, 33], 4, 12, 128, has_initial=[True, False, True, True],
                                normalised=not l2norm, device="cuda", seed=3)
     initial = batch.state[batch.state_indices.long()]
     initial[~batch.has_initial_state] = 0

@@ -8,7 +8,7 @@ chunks, and generates the prompts twice: the second pass starts from cached pref
 identical, except where the reference itself was at a near-tie (top two log-probabilities within NEAR_TIE): fp16
 GEMMs that round differently may then legitimately pick the other token, after which the texts differ.
 
-Skipped without CUDA, vLLM or the built extension. On the GPU machine: benchmarks/run_e2e_gpu.sh (both vLLM versions).
+Skipped without CUDA, vLLM or the built extension. On the GPU machine: scripts/gpu/run_e2e_gpu.sh (both vLLM versions).
 """
 
 from __future__ import annotations
@@ -26,16 +26,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_volta_fp4 import kernels
-from vllm_volta_fp4.convert import convert_to_dense
-from vllm_volta_fp4.greedy import WITHOUT_VLLM_KERNELS, Generation, attention_impls, generate_with, supported_engine_args
-from vllm_volta_fp4.tiny_model import FORMATS, make_tiny_checkpoint
+from vllm_volta_fp4.ops import linear
+from vllm_volta_fp4.toolkit.convert import convert_to_dense
+from devkit.engine import attention_impls
+from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, Generation, generate_with, supported_engine_args
+from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM"),
-    pytest.mark.skipif(not kernels.is_available(), reason="needs CUDA and the built extension"),
+    pytest.mark.skipif(not linear.is_available(), reason="needs CUDA and the built extension"),
 ]
 
 MAX_TOKENS = 24
@@ -60,7 +61,7 @@ ENGINE = {
 ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
                "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}
-# The Qwen3.5 hybrid: text only (its tiny vision tower is loaded but never run), vLLM's Triton GDN kernels. With
+# The Qwen3.5 hybrid: text only (its tiny vision tower is loaded but never run), vLLM's Triton GDN linear. With
 # prefix caching vLLM sizes attention blocks to the GDN state (80 tokens here) and needs a step budget of a block.
 QWEN3_5 = {"language_model_only": True, "gdn_prefill_backend": "triton", "max_num_batched_tokens": 128}
 
@@ -164,7 +165,7 @@ def test_plugin_serves_like_the_dequantized_model(runs, arch, fmt):
 @pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
 def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, triton_allocator):
     """Qwen3.5 (Gated-DeltaNet + gated attention, vision tower; the exclusions real exports make) through
-    volta_nvfp4: our GEMMs and attention, vLLM's GDN kernels."""
+    volta_nvfp4: our GEMMs and attention, vLLM's GDN linear."""
     impls, first, second = runs.run(runs.checkpoint("qwen3_5", fmt), quantization="volta_nvfp4",
                                     attention_backend="CUSTOM", **QWEN3_5)
     _, reference, _ = runs.run(runs.dense("qwen3_5", fmt), attention_backend="TRITON_ATTN", **QWEN3_5)
@@ -176,19 +177,18 @@ def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, triton_allo
 @pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
 def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allocator):
     """VLLM_VOLTA_FP4_GDN=force: our GDN kernels inside vLLM's GDN layers (plus our GEMMs and attention) against the
-    dequantized model on vLLM's own Triton GDN kernels. A fresh process: the overrides are registered per process."""
+    dequantized model on vLLM's own Triton GDN linear. A fresh process: the overrides are registered per process."""
     _, reference, _ = runs.run(runs.dense("qwen3_5", fmt), attention_backend="TRITON_ATTN", **QWEN3_5)
     settings = {**ENGINE, **QWEN3_5, "quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
                 "model": str(runs.checkpoint("qwen3_5", fmt))}
     script = (
         "import dataclasses, json, sys\n"
         "from vllm import LLM\n"
-        "from vllm_volta_fp4.greedy import engine_model, generate_with, supported_engine_args, "
-        "use_torch_allocator_for_triton\n"
-        "from vllm_volta_fp4.plugin.gdn_layer import layers_on_our_kernels\n"
+        "from vllm_volta_fp4.testing.greedy import generate_with, supported_engine_args\n"
+        "from devkit.engine import engine_model, gdn_layers_on_our_kernels, use_torch_allocator_for_triton\n"
         "use_torch_allocator_for_triton()\n"
         "llm = LLM(**supported_engine_args(json.loads(sys.argv[1])))\n"
-        "layers = layers_on_our_kernels(engine_model(llm))\n"
+        "layers = gdn_layers_on_our_kernels(engine_model(llm))\n"
         "passes = [generate_with(llm, json.loads(sys.argv[2]), int(sys.argv[3])) for _ in range(2)]\n"
         "print('RESULT', json.dumps({'layers': layers, 'passes': [[dataclasses.asdict(g) for g in p] for p in passes]}))\n"
     )
@@ -250,7 +250,7 @@ def test_platform_plugin_chooses_volta_attention(runs):
     script = (
         "import json, sys\n"
         "from vllm import LLM\n"
-        "from vllm_volta_fp4.greedy import attention_impls, supported_engine_args\n"
+        "from vllm_volta_fp4.testing.greedy import supported_engine_args\nfrom devkit.engine import attention_impls\n"
         "llm = LLM(**supported_engine_args({**json.loads(sys.argv[1]), 'model': sys.argv[2]}))\n"
         "print('IMPLS', sorted(attention_impls(llm)))\n"
     )

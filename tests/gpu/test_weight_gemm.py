@@ -11,18 +11,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_volta_fp4 import kernels
-from vllm_volta_fp4.nvfp4 import dequantize_fp8, dequantize_nvfp4, quantize_fp8, quantize_nvfp4
+from vllm_volta_fp4.ops import linear
+from vllm_volta_fp4.format.nvfp4 import dequantize_fp8, dequantize_nvfp4, quantize_fp8, quantize_nvfp4
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not kernels.is_available(), reason="needs CUDA and the built vllm_volta_fp4._C"),
+    pytest.mark.skipif(not linear.is_available(), reason="needs CUDA and the built vllm_volta_fp4._C"),
 ]
 
 # fp16 output rounding (2^-11 relative) dominates; fp32 accumulation is far below it.
 REL_TOL = 2e-3
 M_VALUES = [1, 2, 3, 4, 5, 8, 16, 17, 64, 255, 2048]
-GEMV_MAX_M = 8  # kGemvMaxM in csrc/weight_gemm.cuh: PATH_GEMV takes M <= 8
+GEMV_MAX_M = 8  # kGemvMaxM in csrc/gemm/weight_gemm.cuh: PATH_GEMV takes M <= 8
 # (N, K): Qwen3.8-27B shapes (o_proj, down_proj) and odd multiples of 16 (not multiples of the 64 × 128 tile).
 SHAPES = [(5120, 6144), (5120, 17408), (208, 400), (1040, 5136)]
 ATOMS = [70, 80]
@@ -34,7 +34,7 @@ def _device_atoms() -> list[int]:
 
 def _mma_values(path: int) -> list[int | None]:
     """The fused kernel and the GEMV run once per MMA atom; the other paths have no atom to choose."""
-    return _device_atoms() if path in (kernels.PATH_FUSED, kernels.PATH_GEMV) else [None]
+    return _device_atoms() if path in (linear.PATH_FUSED, linear.PATH_GEMV) else [None]
 
 
 def path_and_m(paths, m_values):
@@ -43,7 +43,7 @@ def path_and_m(paths, m_values):
         pytest.param(path, m, id=f"{name}-M{m}")
         for path, name in paths
         for m in m_values
-        if path != kernels.PATH_GEMV or m <= GEMV_MAX_M
+        if path != linear.PATH_GEMV or m <= GEMV_MAX_M
     ]
 
 
@@ -98,17 +98,17 @@ def run_case(prepared_weight, op, m, n, k, w_ref, bias_on, mma, path, device):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}xK{s[1]}")
-@pytest.mark.parametrize("path, m", path_and_m([(kernels.PATH_FUSED, "fused"), (kernels.PATH_GEMV, "gemv")], M_VALUES))
+@pytest.mark.parametrize("path, m", path_and_m([(linear.PATH_FUSED, "fused"), (linear.PATH_GEMV, "gemv")], M_VALUES))
 @pytest.mark.parametrize("bias_on", [False, True], ids=["nobias", "bias"])
 def test_nvfp4_kernels(nvfp4_weights, shape, path, m, bias_on, device):
     """The fused kernel and the GEMV (both atoms): exact M handling, odd shapes, per-row scales, split-K / stream-K."""
     n, k = shape
     packed, block_scale, global_scale = nvfp4_weights[shape]
-    prepared = kernels.prepare_nvfp4(packed, block_scale, global_scale)
+    prepared = linear.prepare_nvfp4(packed, block_scale, global_scale)
     w = dequantize_nvfp4(packed, block_scale, global_scale)
     for mma in _mma_values(path):
-        x, bias, y = run_case(prepared, kernels.nvfp4_linear, m, n, k, w, bias_on, mma, path, device)
-        again = kernels.nvfp4_linear(x, prepared, bias, mma=mma, path=path)
+        x, bias, y = run_case(prepared, linear.nvfp4_linear, m, n, k, w, bias_on, mma, path, device)
+        again = linear.nvfp4_linear(x, prepared, bias, mma=mma, path=path)
         assert torch.equal(y, again), f"path={path} mma={mma}: two runs on the same input differ (race?)"
 
 
@@ -118,20 +118,20 @@ def test_gemv_blocks_of_whole_strips(shape, m, device):
     """K of one or two tiles: each GEMV block covers whole strips (no pieces); (1040, 128) ends on a 1-tile block."""
     n, k = shape
     q = quantize_nvfp4(torch.randn(n, k, device=device))
-    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
     w = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
-    for mma in _mma_values(kernels.PATH_GEMV):
-        run_case(prepared, kernels.nvfp4_linear, m, n, k, w, True, mma, kernels.PATH_GEMV, device)
+    for mma in _mma_values(linear.PATH_GEMV):
+        run_case(prepared, linear.nvfp4_linear, m, n, k, w, True, mma, linear.PATH_GEMV, device)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}xK{s[1]}")
 @pytest.mark.parametrize("m", [1, 5, 17, 255, 2048])
-@pytest.mark.parametrize("path", [kernels.PATH_DEQUANT_CUBLAS, kernels.PATH_AUTO], ids=["dequant_cublas", "auto"])
+@pytest.mark.parametrize("path", [linear.PATH_DEQUANT_CUBLAS, linear.PATH_AUTO], ids=["dequant_cublas", "auto"])
 def test_nvfp4_other_paths(nvfp4_weights, shape, m, path, device):
     n, k = shape
     packed, block_scale, global_scale = nvfp4_weights[shape]
-    prepared = kernels.prepare_nvfp4(packed, block_scale, global_scale)
-    run_case(prepared, kernels.nvfp4_linear, m, n, k, dequantize_nvfp4(packed, block_scale, global_scale), True,
+    prepared = linear.prepare_nvfp4(packed, block_scale, global_scale)
+    run_case(prepared, linear.nvfp4_linear, m, n, k, dequantize_nvfp4(packed, block_scale, global_scale), True,
              None, path, device)
 
 
@@ -139,23 +139,23 @@ def test_nvfp4_other_paths(nvfp4_weights, shape, m, path, device):
 @pytest.mark.parametrize(
     "path, m",
     path_and_m(
-        [(kernels.PATH_FUSED, "fused"), (kernels.PATH_DEQUANT_CUBLAS, "dequant_cublas"), (kernels.PATH_GEMV, "gemv")],
+        [(linear.PATH_FUSED, "fused"), (linear.PATH_DEQUANT_CUBLAS, "dequant_cublas"), (linear.PATH_GEMV, "gemv")],
         M_VALUES,
     ),
 )
 def test_fp8(shape, path, m, device):
     n, k = shape
     weight, scale = quantize_fp8(torch.randn(n, k, device=device) * 0.05, per_channel=True)
-    prepared = kernels.prepare_fp8(weight, scale)
+    prepared = linear.prepare_fp8(weight, scale)
     w = dequantize_fp8(weight, scale)
     for mma in _mma_values(path):
-        run_case(prepared, kernels.fp8_linear, m, n, k, w, m % 2 == 1, mma, path, device)
+        run_case(prepared, linear.fp8_linear, m, n, k, w, m % 2 == 1, mma, path, device)
 
 
-@pytest.mark.parametrize("path, m", path_and_m([(kernels.PATH_FUSED, "fused"), (kernels.PATH_GEMV, "gemv"),
-                                                 (kernels.PATH_DEQUANT_CUBLAS, "dequant_cublas")], [1, 3, 8, 64]))
+@pytest.mark.parametrize("path, m", path_and_m([(linear.PATH_FUSED, "fused"), (linear.PATH_GEMV, "gemv"),
+                                                 (linear.PATH_DEQUANT_CUBLAS, "dequant_cublas")], [1, 3, 8, 64]))
 def test_super_activation_meets_its_blocks_largest_weight(path, m, device):
-    """fp16 safety (see vllm_volta_fp4/fp16_safety.py): a bf16-trained model's super activation (2e4) in the
+    """fp16 safety (see devkit/fp16_safety.py): a bf16-trained model's super activation (2e4) in the
     down_proj input meets the super weight, its NVFP4 block's largest element (code ±6). Every path must keep the
     sums in fp32: an fp16 partial sum of 16 products would be 1.2e5 here (the first overflow of the old CUDA-core
     GEMV) although the output, 3e4, fits fp16."""
@@ -166,12 +166,12 @@ def test_super_activation_meets_its_blocks_largest_weight(path, m, device):
     x = torch.randn(m, k, generator=generator) * 0.5
     x[0, 123] = 2.0e4  # the super activation (the first token)
     q = quantize_nvfp4(w.to(device))
-    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
     w_ref = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
     x = x.to(device).to(torch.float16)
     for mma in _mma_values(path):
         poison_output_memory(m, n, device)
-        y = kernels.nvfp4_linear(x, prepared, None, mma=mma, path=path)
+        y = linear.nvfp4_linear(x, prepared, None, mma=mma, path=path)
         check_against_reference(y, x, w_ref, None)
         assert abs(y[0, 7].item()) > 2.0e4, "the super weight's output (≈ 3e4) is in the result"
 
@@ -179,39 +179,39 @@ def test_super_activation_meets_its_blocks_largest_weight(path, m, device):
 def test_scalar_global_scale_and_strided_inputs(device):
     n, k = 1040, 400
     q = quantize_nvfp4(torch.randn(n, k, device=device))
-    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)  # scalar global scale
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)  # scalar global scale
     w = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
     wide = torch.randn(5, k + 16, device=device).to(torch.float16)[:, :k]  # row stride k + 16, loadable in place
     transposed = torch.randn(k, 7, device=device).to(torch.float16).t()  # column stride ≠ 1: copied first
     batched = torch.randn(2, 3, k, device=device).to(torch.float16)
-    variants = [(mma, path) for mma in _device_atoms() for path in (kernels.PATH_FUSED, kernels.PATH_GEMV)]
-    variants.append((None, kernels.PATH_AUTO))
+    variants = [(mma, path) for mma in _device_atoms() for path in (linear.PATH_FUSED, linear.PATH_GEMV)]
+    variants.append((None, linear.PATH_AUTO))
     for x in (wide, transposed, batched):
         for mma, path in variants:
-            y = kernels.nvfp4_linear(x, prepared, None, mma=mma, path=path)
+            y = linear.nvfp4_linear(x, prepared, None, mma=mma, path=path)
             assert y.shape == (*x.shape[:-1], n)
             check_against_reference(y.reshape(-1, n), x.reshape(-1, k), w, None)
 
 
 def test_empty_batch(device):
     q = quantize_nvfp4(torch.randn(64, 128, device=device))
-    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
-    assert kernels.nvfp4_linear(torch.empty(0, 128, device=device, dtype=torch.float16), prepared).shape == (0, 64)
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    assert linear.nvfp4_linear(torch.empty(0, 128, device=device, dtype=torch.float16), prepared).shape == (0, 64)
 
 
 def test_input_validation(device):
     q = quantize_nvfp4(torch.randn(64, 128, device=device))
-    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
     with pytest.raises(TypeError, match="float16"):
-        kernels.nvfp4_linear(torch.randn(2, 128, device=device), prepared)
+        linear.nvfp4_linear(torch.randn(2, 128, device=device), prepared)
     with pytest.raises(RuntimeError, match="do not match"):
-        kernels.nvfp4_linear(torch.randn(2, 256, device=device).half(), prepared)
+        linear.nvfp4_linear(torch.randn(2, 256, device=device).half(), prepared)
     with pytest.raises(RuntimeError, match="bias"):
-        kernels.nvfp4_linear(torch.randn(2, 128, device=device).half(), prepared, torch.zeros(63, device=device).half())
+        linear.nvfp4_linear(torch.randn(2, 128, device=device).half(), prepared, torch.zeros(63, device=device).half())
     with pytest.raises(RuntimeError, match="GEMV"):
-        kernels.nvfp4_linear(torch.randn(GEMV_MAX_M + 1, 128, device=device).half(), prepared, path=kernels.PATH_GEMV)
+        linear.nvfp4_linear(torch.randn(GEMV_MAX_M + 1, 128, device=device).half(), prepared, path=linear.PATH_GEMV)
     with pytest.raises(RuntimeError, match="multiples of 16"):
-        kernels.prepare_nvfp4(q.packed[:, :60], q.block_scale[:, :7], q.global_scale)
+        linear.prepare_nvfp4(q.packed[:, :60], q.block_scale[:, :7], q.global_scale)
 
 
 def test_fake_implementations_trace(device):
@@ -219,10 +219,10 @@ def test_fake_implementations_trace(device):
 
     q = quantize_nvfp4(torch.randn(1040, 400, device=device))
     x = torch.randn(3, 5, 400, device=device).half()
-    prepared = kernels.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)  # eager, at load time
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)  # eager, at load time
     mode = FakeTensorMode()
     fake_prepared = {name: mode.from_tensor(tensor) for name, tensor in prepared.items()}
     fake_x = mode.from_tensor(x)
     with mode:
-        y = kernels.nvfp4_linear(fake_x, fake_prepared)
+        y = linear.nvfp4_linear(fake_x, fake_prepared)
         assert y.shape == (3, 5, 1040) and y.dtype == torch.float16

@@ -1,4 +1,4 @@
-"""Our Gated DeltaNet kernels (vllm_volta_fp4.gdn) inside vLLM's GDN layer, through vLLM's out-of-tree registry.
+"""Our Gated DeltaNet kernels (vllm_volta_fp4.ops.gdn) inside vLLM's GDN layer, through vLLM's out-of-tree registry.
 
 ``VLLM_VOLTA_FP4_GDN``: unset or 1 → on compute capability 7.x (where vLLM's Triton GDN kernels run without tensor
 cores), 0 → never, ``force`` → on any CUDA GPU (how the H200 tests them); only fp16 models take our path. Three
@@ -36,7 +36,7 @@ import os
 
 import torch
 
-from vllm_volta_fp4 import gdn
+from vllm_volta_fp4.ops import gdn
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ that the norm override (inside the torch.compile'd model forward) reads a guarde
 def _our_kernels_run(activations: tuple[torch.Tensor, ...], states: tuple[torch.Tensor, ...] = ()) -> bool:
     """Our CUDA ops take these tensors: the extension is built, activations are fp16 on a CUDA device, states
     (fp32 or fp16, checked by the callers) on a CUDA device. The CPU tests replace this predicate to drive the
-    same argument translation into the references of vllm_volta_fp4.gdn."""
+    same argument translation into the references of vllm_volta_fp4.ops.gdn."""
     return (_kernels_ready and all(t.is_cuda and t.dtype == torch.float16 for t in activations)
             and all(t.is_cuda for t in states))
 
@@ -139,11 +139,6 @@ class GdnLayerOverride:
             gdn.recurrent_gated_delta_rule_decode(q, k, v, a, b, self.A_log, self.dt_bias, ssm_state, slots,
                                                   **rule_args)
         return True
-
-
-def layers_on_our_kernels(model) -> int:
-    """How many GDN layers of a model module (e.g. greedy.engine_model's) are our override."""
-    return sum(isinstance(module, GdnLayerOverride) for module in model.modules())
 
 
 def _layer_metadata(prefix: str):
@@ -228,15 +223,6 @@ def install() -> bool:
     layer, op, norm = hooks
     return all([_register(layer, GdnLayerOverride), _register(op, ChunkGatedDeltaRuleOverride),
                 _register(norm, RMSNormGatedOverride)])
-
-
-def uninstall() -> None:
-    """Remove our classes from vLLM's out-of-tree registry (tests)."""
-    from vllm.model_executor.custom_op import op_registry_oot
-
-    for key, cls in list(op_registry_oot.items()):
-        if getattr(cls, "volta_fp4_override", None) is not None:
-            del op_registry_oot[key]
 
 
 def _register(base: type, override: type) -> bool:

@@ -1,0 +1,426 @@
+// Paged attention for Volta and newer, over vLLM's paged KV cache: one kernel for prefill, chunked prefill,
+// prefix-cache hits, mixed batches and decode, plus the KV-cache write and the split-KV combine.
+// Kernel code only (no torch or host headers): included by attention.cu and compiled alone by NVRTC for the
+// sm_70 check (tests/test_attention_sm70_compile.py). The matrix products use the MMA atoms of weight_gemm.cuh.
+//
+// ─── Data layouts ──────────────────────────────────────────────────────────────────────────────────────────
+// KV cache (the backend's get_kv_cache_shape): fp16 [num_blocks, 2, block_size, num_kv_heads, head_size],
+//   [:, 0] keys and [:, 1] values; any strides with a contiguous last dimension. Token j of sequence s lives in
+//   block block_table[s][j / block_size], slot j % block_size. slot_mapping[t] = block · block_size + slot for
+//   new token t, or -1 for a token that is not stored (padding).
+// Batch (vLLM's metadata): query [num_tokens, num_heads, head_size] fp16, the tokens of sequence s are rows
+//   query_start_loc[s] … query_start_loc[s+1]-1 and are the *last* q_len of its seq_lens[s] tokens, so query i
+//   sits at position context + i with context = seq_len − q_len (cached prefix or earlier chunks). Key j is
+//   visible to the query at position `pos` iff j ≤ pos and, with a sliding window W, pos − j < W.
+// GQA: the `group` = num_heads / num_kv_heads query heads of one KV head share its keys, so a block works on the
+//   rows (token, head in group) of one KV head, flattened as token · group + g: keys are read once per group,
+//   and a decode step of a 6:1 GQA model fills 6 rows instead of 1.
+//
+// ─── Work split ────────────────────────────────────────────────────────────────────────────────────────────
+// Grid (row tiles, num_kv_heads, splits). Sequence s owns row tiles tile_base(s) … tile_base(s+1)−1 with
+// tile_base(s) = ⌊query_start_loc[s] · group / 64⌋ + s, which bounds the grid by num_tokens·group/64 +
+// num_seqs without reading the batch on the host; a block finds its sequence by binary search, and a block
+// past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see. With one split the
+// block writes fp16 output; with several it writes O/l and log2-sum-exp in fp32 and combine_splits_kernel
+// merges them (decode and small batches with long contexts, where row tiles alone cannot fill the GPU).
+//
+// ─── Block (4 warps, 64 rows, 64-key tiles) ─────────────────────────────────────────────────────────────────
+// Warp w owns rows 16w … 16w+15 (so softmax statistics never leave the warp). Per KV tile:
+//   keys → smem; S = Q·Kᵀ (16 × 64 per warp, fp32); mask; online softmax in fp32 in registers (row max and
+//   rescale, exp2 with the scale folded in); P → smem as fp16; values → smem transposed (Vᵀ, keys contiguous);
+//   O += P·V. Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read:
+//   Q and K store head dims ≥ 128 as a second panel of rows; Vᵀ stores dims ≥ 128 in columns 64 … 127 of the
+//   rows of dims − 128. K and Vᵀ share one buffer (they are not live together), which keeps head_dim 256 at
+//   85 KB, inside Volta's 96 KB per block.
+#pragma once
+
+#include "gemm/weight_gemm.cuh"
+
+namespace volta_fp4 {
+namespace attention {
+
+constexpr int kBlockRows = 64;
+constexpr int kTileKeys = 64;
+constexpr int kWarpRows = 16;
+constexpr int kWarps = kBlockRows / kWarpRows;
+constexpr int kThreadsPerBlock = kWarps * 32;
+constexpr int kPanelCols = 128;  // head dims per row panel of Q and K
+constexpr int kMaxSplits = 64;
+
+// Shared-memory plan of paged_attention_kernel<·, HeadDim>, in rows of kSmemRowHalves halves.
+template <int HeadDim>
+struct SmemPlan {
+  static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head_dim must be 64, 128 or 256");
+  static constexpr int kPanels = (HeadDim + kPanelCols - 1) / kPanelCols;
+  static constexpr int kQRows = kPanels * kBlockRows;
+  static constexpr int kKRows = kPanels * kTileKeys;
+  static constexpr int kVtRows = HeadDim < kPanelCols ? HeadDim : kPanelCols;
+  static constexpr int kKvRows = kKRows > kVtRows ? kKRows : kVtRows;
+  static constexpr int kPRows = kBlockRows;
+  static constexpr int kBytes = (kQRows + kKvRows + kPRows) * kSmemRowHalves * 2;
+  static_assert(kBytes <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
+};
+__host__ __device__ constexpr int attention_smem_bytes(int head_dim) {
+  return head_dim == 64 ? SmemPlan<64>::kBytes : head_dim == 128 ? SmemPlan<128>::kBytes : SmemPlan<256>::kBytes;
+}
+
+// Where the two rows of a lane live in an atom's 16 × 16 accumulator: element i belongs to the lane's row slot
+// (i >> 1) & 1 (both atoms: rows r and r+2 on SM70, r and r+8 on SM80), and the lanes that hold the other
+// columns of the same rows differ from it in the lane bits kPeerMask0 and kPeerMask1 (see acc_coord).
+template <class Mma>
+struct AccRows;
+template <>
+struct AccRows<Sm70Mma> {
+  static constexpr int kPeerMask0 = 2, kPeerMask1 = 8;
+};
+template <>
+struct AccRows<Sm80Mma> {
+  static constexpr int kPeerMask0 = 1, kPeerMask1 = 2;
+};
+__device__ __forceinline__ int row_slot(int i) { return (i >> 1) & 1; }
+
+template <class Mma>
+__device__ __forceinline__ float row_reduce_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, AccRows<Mma>::kPeerMask0));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, AccRows<Mma>::kPeerMask1));
+}
+template <class Mma>
+__device__ __forceinline__ float row_reduce_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, AccRows<Mma>::kPeerMask0);
+  return v + __shfl_xor_sync(0xffffffffu, v, AccRows<Mma>::kPeerMask1);
+}
+
+__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
+
+struct PagedAttentionParams {
+  const uint16_t* query;  // [num_tokens, num_heads, D]
+  int64_t q_token_stride, q_head_stride;
+  const uint16_t* key_cache;    // &kv_cache[0, 0]
+  const uint16_t* value_cache;  // &kv_cache[0, 1]
+  int64_t cache_block_stride, cache_slot_stride, cache_head_stride;
+  const int* block_table;  // [num_seqs, max_blocks]
+  int64_t block_table_stride;
+  const int* query_start_loc;  // [num_seqs + 1]
+  const int* seq_lens;         // [num_seqs]
+  uint16_t* out;               // [num_tokens, num_heads, D]
+  int64_t out_token_stride, out_head_stride;
+  float* partial_out;  // [splits, num_tokens, num_heads, D] when splits > 1
+  float* partial_lse;  // [splits, num_tokens, num_heads], log2 domain
+  int num_seqs, num_tokens, num_heads, group, block_size;
+  int window;          // sliding window in tokens; 0 = none
+  float scale_log2;    // softmax scale · log2(e)
+  int kv_tiles_per_split, splits;
+};
+
+__device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq) {
+  return int(int64_t(p.query_start_loc[seq]) * p.group / kBlockRows) + seq;
+}
+
+// Offset (in halves) of head dim `col` of tile row `row` in a Q/K tile stored as panels of 128 dims.
+template <int Rows>
+__device__ __forceinline__ int panel_offset(int row, int col) {
+  return ((col / kPanelCols) * Rows + row) * kSmemRowHalves + col % kPanelCols;
+}
+// Offset of (dim, key) in the Vᵀ tile: dims ≥ 128 share the rows of dims − 128, in columns 64 … 127.
+__device__ __forceinline__ int vt_offset(int dim, int key) {
+  return (dim % kPanelCols) * kSmemRowHalves + (dim / kPanelCols) * kTileKeys + key;
+}
+
+template <class Mma, int HeadDim>
+__global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const PagedAttentionParams p) {
+  using Plan = SmemPlan<HeadDim>;
+  constexpr int kChunks = HeadDim / 8;  // 16-byte vectors per row
+  constexpr int kStrips = HeadDim / 16;
+  constexpr int kKeyStrips = kTileKeys / 16;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* kv_smem = q_smem + Plan::kQRows * kSmemRowHalves;
+  uint16_t* p_smem = kv_smem + Plan::kKvRows * kSmemRowHalves;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kv_head = blockIdx.y, split = blockIdx.z;
+
+  int seq = 0;  // the last sequence whose first row tile is at or before this block
+  for (int lo = 0, hi = p.num_seqs - 1; lo <= hi;) {
+    const int mid = (lo + hi) >> 1;
+    if (tile_base(p, mid) <= int(blockIdx.x)) {
+      seq = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int q_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - q_begin;
+  const int rows = q_len * p.group;
+  const int row0 = (int(blockIdx.x) - tile_base(p, seq)) * kBlockRows;
+  if (row0 >= rows) return;
+  const int seq_len = p.seq_lens[seq];
+  const int context = seq_len - q_len;
+  const int* blocks = p.block_table + int64_t(seq) * p.block_table_stride;
+
+  // Keys any row of this block can see, as KV tiles; this split takes its share of them.
+  const int first_pos = context + row0 / p.group;
+  const int last_pos = context + (min(row0 + kBlockRows, rows) - 1) / p.group;
+  const int key_begin = p.window > 0 ? max(0, first_pos - p.window + 1) : 0;
+  const int tile_first = key_begin / kTileKeys + split * p.kv_tiles_per_split;
+  const int tile_end = min((last_pos + kTileKeys) / kTileKeys, tile_first + p.kv_tiles_per_split);
+
+  // Q tile → smem (rows past the sequence are zero).
+  for (int v = tid; v < kBlockRows * kChunks; v += kThreadsPerBlock) {
+    const int r = v / kChunks, c = (v % kChunks) * 8, row = row0 + r;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row < rows) {
+      const int token = q_begin + row / p.group, head = kv_head * p.group + row % p.group;
+      value = *reinterpret_cast<const uint4*>(p.query + token * p.q_token_stride + head * p.q_head_stride + c);
+    }
+    *reinterpret_cast<uint4*>(q_smem + panel_offset<kBlockRows>(r, c)) = value;
+  }
+
+  // This lane's two rows: validity and query position.
+  bool row_valid[2];
+  int row_pos[2], row_in_warp[2];
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    int col;
+    Mma::acc_coord(lane, 2 * slot, row_in_warp[slot], col);
+    const int row = row0 + warp * kWarpRows + row_in_warp[slot];
+    row_valid[slot] = row < rows;
+    row_pos[slot] = context + row / p.group;
+  }
+  const bool warp_has_rows = row0 + warp * kWarpRows < rows;
+
+  float o[kStrips][8];
+#pragma unroll
+  for (int n = 0; n < kStrips; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[n][i] = 0.f;
+  float row_max[2] = {negative_infinity(), negative_infinity()};
+  float row_sum[2] = {0.f, 0.f};  // this lane's share; summed over the row's lanes at the end
+
+  const uint16_t* q_warp = q_smem + warp * kWarpRows * kSmemRowHalves;
+  uint16_t* p_warp = p_smem + warp * kWarpRows * kSmemRowHalves;
+  const int64_t head_offset = int64_t(kv_head) * p.cache_head_stride;
+  auto cache_offset = [&](int key) {
+    return int64_t(blocks[key / p.block_size]) * p.cache_block_stride +
+           int64_t(key % p.block_size) * p.cache_slot_stride + head_offset;
+  };
+
+  // Volta has no asynchronous copy, so KV tiles are staged through registers: the first kStaged of a
+  // thread's vectors of a tile are loaded one phase early (a tile's values while S is computed, the next
+  // tile's keys during P·V), the rest when stored. Head_dim 256 stages none: its O accumulators hold the
+  // registers, and staging even one vector measured slower on the H200.
+  // Key vector v: key v / kChunks, dims (v % kChunks)·8 …; value vector v: key v % 64, dims (v / 64)·8 …
+  // (lanes take consecutive keys, so the transposed 2-byte stores of a warp hit distinct words).
+  constexpr int kVectorsPerThread = kTileKeys * kChunks / kThreadsPerBlock;
+  constexpr int kStaged = HeadDim == 256 ? 0 : 4;
+  auto load_vector = [&](const uint16_t* cache, int key0, int key_in_tile, int dim) {
+    const int key = key0 + key_in_tile;
+    // Keys before key_begin are invisible to every row here, and vLLM may have freed their blocks (sliding
+    // window): zeros instead of whatever the block table points at keep P·V free of NaN.
+    return key >= key_begin && key < seq_len ? *reinterpret_cast<const uint4*>(cache + cache_offset(key) + dim)
+                                             : make_uint4(0, 0, 0, 0);
+  };
+  auto load_key_vector = [&](int j, int key0) {
+    const int v = tid + j * kThreadsPerBlock;
+    return load_vector(p.key_cache, key0, v / kChunks, (v % kChunks) * 8);
+  };
+  auto load_value_vector = [&](int j, int key0) {
+    const int v = tid + j * kThreadsPerBlock;
+    return load_vector(p.value_cache, key0, v % kTileKeys, (v / kTileKeys) * 8);
+  };
+  auto store_key_vector = [&](int j, const uint4& value) {
+    const int v = tid + j * kThreadsPerBlock;
+    *reinterpret_cast<uint4*>(kv_smem + panel_offset<kTileKeys>(v / kChunks, (v % kChunks) * 8)) = value;
+  };
+  auto store_value_vector = [&](int j, const uint4& value) {
+    const int v = tid + j * kThreadsPerBlock;
+    const uint16_t* halves = reinterpret_cast<const uint16_t*>(&value);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) kv_smem[vt_offset((v / kTileKeys) * 8 + e, v % kTileKeys)] = halves[e];
+  };
+  uint4 staged[kStaged > 0 ? kStaged : 1];
+#pragma unroll
+  for (int j = 0; j < kStaged; ++j) staged[j] = load_key_vector(j, tile_first * kTileKeys);
+
+  for (int tile = tile_first; tile < tile_end; ++tile) {
+    const int key0 = tile * kTileKeys;
+    __syncthreads();  // the previous tile's Vᵀ has been read (and, on the first tile, Q is stored)
+#pragma unroll
+    for (int j = 0; j < kStaged; ++j) store_key_vector(j, staged[j]);
+#pragma unroll 2  // two unstaged loads in flight; four spill on Volta at head_dim 128
+    for (int j = kStaged; j < kVectorsPerThread; ++j) store_key_vector(j, load_key_vector(j, key0));
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kStaged; ++j) staged[j] = load_value_vector(j, key0);
+
+    if (warp_has_rows) {
+      float s[kKeyStrips][8];
+#pragma unroll
+      for (int n = 0; n < kKeyStrips; ++n)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[n][i] = 0.f;
+      // k outside and partly rolled, strips inside: the Q fragment is shared by the strips, and the registers
+      // stay with the accumulators instead of prefetched fragments (head_dim 256 on Volta).
+#pragma unroll 2
+      for (int k = 0; k < HeadDim; k += Mma::kK) {
+        const int panel = k / kPanelCols;
+#pragma unroll
+        for (int n = 0; n < kKeyStrips; ++n) {
+          typename Mma::template Frags<kWarpRows> f;
+          Mma::template load<kWarpRows>(f, q_warp + panel * kBlockRows * kSmemRowHalves,
+                                        kv_smem + (panel * kTileKeys + n * 16) * kSmemRowHalves, k % kPanelCols,
+                                        lane);
+          Mma::template mma<kWarpRows>(s[n], f);
+        }
+      }
+      // Mask, then the online softmax update (log2 domain).
+      float tile_max[2] = {negative_infinity(), negative_infinity()};
+#pragma unroll
+      for (int n = 0; n < kKeyStrips; ++n)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          int row, col;
+          Mma::acc_coord(lane, i, row, col);
+          const int slot = row_slot(i), key = key0 + n * 16 + col, pos = row_pos[slot];
+          const bool visible = row_valid[slot] && key <= pos && (p.window <= 0 || pos - key < p.window);
+          s[n][i] = visible ? s[n][i] * p.scale_log2 : negative_infinity();
+          tile_max[slot] = fmaxf(tile_max[slot], s[n][i]);
+        }
+      float reference[2];
+#pragma unroll
+      for (int slot = 0; slot < 2; ++slot) {
+        const float new_max = fmaxf(row_max[slot], row_reduce_max<Mma>(tile_max[slot]));
+        // A row that has seen no visible key keeps max −inf; subtracting 0 instead keeps exp2 at 0, not NaN.
+        reference[slot] = new_max == negative_infinity() ? 0.f : new_max;
+        const float rescale = exp2f(row_max[slot] - reference[slot]);
+        row_max[slot] = new_max;
+        row_sum[slot] *= rescale;
+#pragma unroll
+        for (int n = 0; n < kStrips; ++n)
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            if (row_slot(i) == slot) o[n][i] *= rescale;
+      }
+#pragma unroll
+      for (int n = 0; n < kKeyStrips; ++n)
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          int row, col;
+          Mma::acc_coord(lane, i, row, col);
+          const int slot = row_slot(i);
+          const float p0 = exp2f(s[n][i] - reference[slot]), p1 = exp2f(s[n][i + 1] - reference[slot]);
+          row_sum[slot] += p0 + p1;
+          *reinterpret_cast<uint32_t*>(p_warp + row * kSmemRowHalves + n * 16 + col) = float2_to_half2_rn(p0, p1);
+        }
+    }
+    __syncthreads();  // every warp is done with the keys
+
+#pragma unroll
+    for (int j = 0; j < kStaged; ++j) store_value_vector(j, staged[j]);
+#pragma unroll 2
+    for (int j = kStaged; j < kVectorsPerThread; ++j) store_value_vector(j, load_value_vector(j, key0));
+    __syncthreads();
+    if (tile + 1 < tile_end) {
+#pragma unroll
+      for (int j = 0; j < kStaged; ++j) staged[j] = load_key_vector(j, key0 + kTileKeys);
+    }
+
+    if (warp_has_rows) {
+#pragma unroll 2
+      for (int k = 0; k < kTileKeys; k += Mma::kK)
+#pragma unroll
+        for (int n = 0; n < kStrips; ++n) {
+          typename Mma::template Frags<kWarpRows> f;
+          // The atom reads P and Vᵀ at the same column k; Vᵀ's column offset for dims ≥ 128 is in the pointer.
+          Mma::template load<kWarpRows>(f, p_warp, kv_smem + vt_offset(n * 16, 0), k, lane);
+          Mma::template mma<kWarpRows>(o[n], f);
+        }
+    }
+  }
+
+  float inverse_sum[2], lse[2];
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    const float total = row_reduce_sum<Mma>(row_sum[slot]);
+    inverse_sum[slot] = total > 0.f ? 1.f / total : 0.f;
+    lse[slot] = total > 0.f ? row_max[slot] + log2f(total) : negative_infinity();
+  }
+  if (!warp_has_rows) return;
+#pragma unroll
+  for (int n = 0; n < kStrips; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      int row, col;
+      Mma::acc_coord(lane, i, row, col);
+      const int slot = row_slot(i);
+      if (!row_valid[slot]) continue;
+      const int r = row0 + warp * kWarpRows + row;
+      const int token = q_begin + r / p.group, head = kv_head * p.group + r % p.group, dim = n * 16 + col;
+      const float v0 = o[n][i] * inverse_sum[slot], v1 = o[n][i + 1] * inverse_sum[slot];
+      if (p.splits == 1) {
+        *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) =
+            float2_to_half2_rn(v0, v1);
+      } else {
+        const int64_t index = (int64_t(split) * p.num_tokens + token) * p.num_heads + head;
+        *reinterpret_cast<float2*>(p.partial_out + index * HeadDim + dim) = make_float2(v0, v1);
+        if (n == 0 && i < 4) p.partial_lse[index] = lse[slot];  // i = 0, 2: one per slot; peers write the same
+      }
+    }
+}
+
+// Merges the splits of one (token, head): weights 2^(lse_s − max lse); a split that saw no key has lse −inf.
+// Grid (num_tokens, num_heads), HeadDim / 2 threads, two dims each.
+template <int HeadDim>
+__global__ void __launch_bounds__(HeadDim / 2) combine_splits_kernel(const PagedAttentionParams p) {
+  const int token = blockIdx.x, head = blockIdx.y, dim = threadIdx.x * 2;
+  const int64_t stride = int64_t(p.num_tokens) * p.num_heads, first = int64_t(token) * p.num_heads + head;
+  float max_lse = negative_infinity();
+  for (int s = 0; s < p.splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[first + s * stride]);
+  float2 sum = make_float2(0.f, 0.f);
+  float weight_sum = 0.f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float lse = p.partial_lse[first + s * stride];
+    if (lse == negative_infinity()) continue;  // its partial output was never written
+    const float weight = exp2f(lse - max_lse);
+    const float2 v = *reinterpret_cast<const float2*>(p.partial_out + (first + s * stride) * HeadDim + dim);
+    sum.x += weight * v.x;
+    sum.y += weight * v.y;
+    weight_sum += weight;
+  }
+  const float inverse = weight_sum > 0.f ? 1.f / weight_sum : 0.f;
+  *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) =
+      float2_to_half2_rn(sum.x * inverse, sum.y * inverse);
+}
+
+// Copies the new tokens' keys and values into their cache slots. Grid (num_tokens), one 16-byte vector of
+// K or V per thread and step; slot −1 means "not stored".
+struct KvCacheWriteParams {
+  const uint16_t* key;
+  const uint16_t* value;
+  int64_t key_token_stride, key_head_stride, value_token_stride, value_head_stride;
+  const int64_t* slot_mapping;
+  uint16_t* key_cache;
+  uint16_t* value_cache;
+  int64_t cache_block_stride, cache_slot_stride, cache_head_stride;
+  int num_kv_heads, head_size, block_size;
+};
+
+__global__ void __launch_bounds__(128) write_kv_cache_kernel(const KvCacheWriteParams p) {
+  const int token = blockIdx.x;
+  const int64_t slot = p.slot_mapping[token];
+  if (slot < 0) return;
+  const int64_t base = (slot / p.block_size) * p.cache_block_stride + (slot % p.block_size) * p.cache_slot_stride;
+  const int chunks = p.head_size / 8, per_tensor = p.num_kv_heads * chunks;
+  for (int v = threadIdx.x; v < 2 * per_tensor; v += blockDim.x) {
+    const bool is_value = v >= per_tensor;
+    const int head = (v % per_tensor) / chunks, c = (v % chunks) * 8;
+    const uint16_t* src = is_value ? p.value + token * p.value_token_stride + head * p.value_head_stride
+                                   : p.key + token * p.key_token_stride + head * p.key_head_stride;
+    uint16_t* dst = (is_value ? p.value_cache : p.key_cache) + base + head * p.cache_head_stride;
+    *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+  }
+}
+
+}  // namespace attention
+}  // namespace volta_fp4

@@ -1,0 +1,52 @@
+"""Helpers that reach into a running vLLM engine, for the end-to-end tests and the throughput benchmark."""
+
+from __future__ import annotations
+
+from vllm_volta_fp4.plugin import gdn_layer
+
+
+def use_torch_allocator_for_triton() -> None:
+    """Give Triton a scratch-memory allocator (torch's caching allocator). vLLM's Triton GDN kernels (FLA) ask for
+    scratch memory; vLLM 0.20 installs an allocator for some models only, 0.19.1 relies on its own pinned Triton,
+    which a newer Triton (the GPU kit's) replaces."""
+    import triton
+
+    if hasattr(triton, "set_allocator"):
+        import torch
+
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
+def engine_model(llm):
+    """The model module an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor parallel 1) runs; None when
+    it cannot be reached from here."""
+    try:
+        return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
+    except AttributeError:
+        return None
+
+
+def attention_impls(llm) -> set[str]:
+    """Class names of the attention implementations an in-process engine really runs; empty when they cannot be
+    reached from here (see engine_model)."""
+    model = engine_model(llm)
+    if model is None:
+        return set()
+    from torch import nn
+
+    return {type(module.impl).__name__ for module in model.modules()
+            if isinstance(module, nn.Module) and hasattr(module, "impl") and hasattr(module.impl, "forward")}
+
+
+def gdn_layers_on_our_kernels(model) -> int:
+    """How many GDN layers of a model module (e.g. engine_model's) are our override."""
+    return sum(isinstance(module, gdn_layer.GdnLayerOverride) for module in model.modules())
+
+
+def uninstall_gdn_overrides() -> None:
+    """Remove our classes from vLLM's out-of-tree registry (tests)."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    for key, cls in list(op_registry_oot.items()):
+        if getattr(cls, "volta_fp4_override", None) is not None:
+            del op_registry_oot[key]

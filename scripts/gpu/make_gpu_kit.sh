@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Here (CPU machine): builds .gpu-kit, what the GPU machine lacks to run a real vLLM with this plugin — vLLM's
+# pure-Python part and the wheels it imports (the shared gpu-vllm-kit), plus compressed-tensors and loguru, which
+# vLLM imports as soon as a model is quantized. Usage: bash scripts/gpu/make_gpu_kit.sh [VLLM_VERSION] (default 0.20.2)
+# Writes .gpu-kit-VLLM_VERSION (one per version, so that one device call can carry both: ~22 MB each).
+set -euo pipefail
+version=${1:-0.20.2}
+kit=.gpu-kit-$version
+PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+VLLM_VERSION=$version PYTHON=$PYTHON bash ../shared/tools/gpu-vllm-kit/make_kit.sh "$kit"
+tmp=$(mktemp -d)
+python3 -m pip download -q --no-deps -d "$tmp" "vllm==$version" 2> >(grep -v "^WARNING: Location" >&2)
+pin=$(unzip -p "$tmp"/vllm-*.whl "vllm-$version.dist-info/METADATA" | sed -n 's/^Requires-Dist: compressed-tensors *==\([0-9.]*\).*/\1/p')
+rm -rf "$tmp"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d "$kit/wheels" \
+  "compressed-tensors==$pin" loguru==0.7.3 2> >(grep -v "^WARNING: Location" >&2)
+du -sh "$kit"

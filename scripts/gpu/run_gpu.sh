@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One device call: build the extension for the GPU at hand, run the GPU tests, run the benchmark.
+# Logs and the table go to $OUT (the device tool brings them back). Usage: scripts/gpu/run_gpu.sh [quick] [notests]
+set -uo pipefail
+source scripts/gpu/gpu_build.sh
+if [[ " $* " != *" notests "* ]]; then
+  python3 -c "import torch, vllm_volta_fp4._C" || exit 1
+  python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
+fi
+BENCH_ARGS=(--out "$OUT/gemm-h200.md" --commit "${COMMIT:-uncommitted}")
+[[ " $* " == *" quick "* ]] && BENCH_ARGS+=(--quick)
+python3 benchmarks/bench_gemm.py "${BENCH_ARGS[@]}" > "$OUT/bench.log" 2>&1; rc=$?
+tail -5 "$OUT/bench.log"
+[[ -f "$OUT/gemm-h200.md" ]] && cat "$OUT/gemm-h200.md"
+exit $rc

@@ -1,0 +1,123 @@
+"""volta-fp4 convert: output equal to the reference dequantization of the source tensors (read here straight from
+the safetensors files, not through Checkpoint), loadable by transformers, no overwrite without --force, progress."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from vllm_volta_fp4.format.checkpoint import Checkpoint
+from vllm_volta_fp4.cli import main
+from vllm_volta_fp4.toolkit.convert import convert_to_dense
+from vllm_volta_fp4.format.nvfp4 import dequantize_fp8, dequantize_nvfp4
+from vllm_volta_fp4.testing.tiny_model import FORMATS
+
+# Per producer: (packed weight, block scale, global scale, is the global scale the inverse (encode) scale)
+NVFP4_NAMES = {"modelopt": ("weight", "weight_scale", "weight_scale_2", False),
+               "ct": ("weight_packed", "weight_scale", "weight_global_scale", True)}
+
+
+def read_all(model_dir) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
+    return tensors
+
+
+def reference_dense(source: dict[str, torch.Tensor], producer: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Dense tensors by the reference codecs: NVFP4 modules are those with a global scale, FP8 ones have an e4m3
+    weight; everything else is copied in ``dtype``."""
+    packed, block, global_name, inverse = NVFP4_NAMES[producer]
+    dense, consumed = {}, set()
+    for name in source:
+        module, _, leaf = name.rpartition(".")
+        if leaf == global_name:
+            scale = source[name].float().reshape(())
+            dense[f"{module}.weight"] = dequantize_nvfp4(source[f"{module}.{packed}"], source[f"{module}.{block}"],
+                                                         1.0 / scale if inverse else scale, dtype)
+            consumed |= {f"{module}.{leaf}" for leaf in (packed, block, global_name, "input_scale",
+                                                         "input_global_scale")}
+        elif leaf == "weight" and source[name].dtype == torch.float8_e4m3fn:
+            dense[name] = dequantize_fp8(source[name], source[f"{module}.weight_scale"], dtype)
+            consumed |= {name, f"{module}.weight_scale", f"{module}.input_scale"}
+    for name, tensor in source.items():
+        if name not in consumed:
+            dense[name] = tensor.to(dtype)
+    return dense
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_output_equals_the_reference_dequantization(tiny_checkpoints, tmp_path, fmt):
+    dst = tmp_path / "dense"
+    assert main(["convert", str(tiny_checkpoints[fmt]), str(dst)]) == 0
+    converted = read_all(dst)
+    expected = reference_dense(read_all(tiny_checkpoints[fmt]), fmt.split("-")[0], torch.float16)
+    assert converted.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert converted[name].dtype == torch.float16 and torch.equal(converted[name], tensor), name
+    config = json.loads((dst / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "float16"
+    assert not (dst / "hf_quant_config.json").exists()
+
+
+def test_converted_model_loads_in_transformers_and_runs(tiny_checkpoints, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    dst = tmp_path / "dense"
+    assert main(["convert", str(tiny_checkpoints["modelopt-mixed"]), str(dst), "--dtype", "float32"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(dst)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(dst)
+    dense = read_all(dst)
+    loaded = model.state_dict()
+    assert torch.equal(loaded["model.layers.0.mlp.down_proj.weight"], dense["model.layers.0.mlp.down_proj.weight"])
+    inputs = tokenizer("the capital of france is", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert logits.shape == (1, inputs["input_ids"].shape[1], model.config.vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+def test_refuses_to_overwrite_without_force_and_shows_progress(tiny_checkpoints, tmp_path):
+    # a subprocess, as a user runs it: Progress writes to the process's real stderr
+    src, dst = tiny_checkpoints["ct-w4a16"], tmp_path / "dense"
+
+    def convert(*extra):
+        return subprocess.run([sys.executable, "-m", "vllm_volta_fp4.cli", "convert", str(src), str(dst), *extra],
+                              capture_output=True, text=True, timeout=300)
+
+    first = convert()
+    assert first.returncode == 0, first.stderr
+    converted = len(read_all(dst))
+    assert f"convert: {converted}/{converted}" in first.stderr and f"verify: {converted}/{converted}" in first.stderr
+    marker = dst / "keep-me"
+    marker.write_text("user data")
+    refused = convert()
+    assert refused.returncode == 2 and "--force" in refused.stderr and marker.exists()
+    assert convert("--force").returncode == 0
+    assert not marker.exists() and len(read_all(dst)) == converted
+
+
+def test_qwen3_5_hybrid_converts_and_runs_in_transformers(tmp_path):
+    """The Gated-DeltaNet hybrid with its vision tower converts to a dense checkpoint transformers loads and runs
+    (text only); 16-bit tensors (vision tower, GDN b/a, conv1d, A_log) pass through unchanged."""
+    transformers = pytest.importorskip("transformers")
+    from vllm_volta_fp4.testing.tiny_model import make_tiny_checkpoint
+
+    source = make_tiny_checkpoint(tmp_path / "q35", "qwen3_5", "ct-w4a16")
+    dense = convert_to_dense(source, tmp_path / "q35-dense", dtype=torch.float32)
+    checkpoint = Checkpoint(source)
+    for name in ("model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.0.linear_attn.in_proj_b.weight",
+                 "model.language_model.layers.0.linear_attn.conv1d.weight",
+                 "model.language_model.layers.0.linear_attn.A_log"):
+        written = load_file(dense / json.loads((dense / "model.safetensors.index.json").read_text())["weight_map"][name])
+        assert torch.equal(written[name], checkpoint.load(name).float()), name
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(dense, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[5, 17, 42, 99, 7]])).logits
+    assert logits.shape[-1] == model.config.text_config.vocab_size and torch.isfinite(logits).all()

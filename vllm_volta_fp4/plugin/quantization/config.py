@@ -1,0 +1,115 @@
+"""The ``volta_nvfp4`` quantization config: NVFP4 (ModelOpt and compressed-tensors, mixed FP8 too) on sm_70+."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from vllm_volta_fp4.format.checkpoint import FP8, NVFP4, CheckpointError, QuantFormat, parse_quant_config
+from vllm_volta_fp4.plugin.compat import (
+    LinearBase,
+    QuantizationConfig,
+    UnquantizedLinearMethod,
+    device_capability,
+    is_cpu_platform,
+)
+
+logger = logging.getLogger(__name__)
+
+NAME = "volta_nvfp4"
+STOCK_NVFP4_MIN_CAPABILITY = 75
+"""Below this stock vLLM refuses NVFP4, so the plugin claims such checkpoints without being asked."""
+
+
+def _recognise(hf_quant_cfg: dict[str, Any] | None) -> QuantFormat | None:
+    """The checkpoint's format if it is one we serve (NVFP4, possibly mixed with FP8 layers), else None."""
+    if not hf_quant_cfg:
+        return None
+    try:
+        return parse_quant_config(hf_quant_cfg)
+    except CheckpointError:
+        return None
+
+
+class VoltaNvfp4Config(QuantizationConfig):
+    """Serves NVFP4 weights as W4A16 (and FP8 layers as W8A16) with fp16 activations."""
+
+    def __init__(self, quant_format: QuantFormat):
+        super().__init__()
+        self.quant_format = quant_format
+        if any(scheme.quantized_activations for scheme in self._all_schemes()):
+            logger.info("volta_nvfp4: the checkpoint also quantizes activations (W4A4/W8A8); its input scales are "
+                        "read and ignored, and activations stay fp16 (Volta has no FP4/FP8 arithmetic)")
+
+    def _all_schemes(self):
+        fmt = self.quant_format
+        return [fmt.default_scheme, *fmt.layer_schemes.values(), *(scheme for _, scheme in fmt.target_groups)]
+
+    def get_name(self) -> str:
+        return NAME
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 70
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return ["hf_quant_config.json"]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> VoltaNvfp4Config:
+        return cls(parse_quant_config(config))
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None) -> str | None:
+        """Claim NVFP4 checkpoints when asked for by name, or unasked on GPUs where stock vLLM cannot run them."""
+        if user_quant not in (None, NAME) or _recognise(hf_quant_cfg) is None:
+            return None
+        if user_quant == NAME:
+            return NAME
+        capability = device_capability()
+        if capability is not None and capability < STOCK_NVFP4_MIN_CAPABILITY:
+            logger.info("volta_nvfp4: compute capability %d.%d cannot run stock NVFP4; serving this checkpoint with "
+                        "volta_nvfp4", capability // 10, capability % 10)
+            return NAME
+        if is_cpu_platform():
+            raise ValueError(
+                "This is an NVFP4 checkpoint, which vLLM's CPU backend cannot run by itself. Pass "
+                f"--quantization {NAME} (or LLM(..., quantization=\"{NAME}\")) to run it with the vllm-volta-fp4 "
+                "reference kernels.")
+        return None
+
+    def maybe_update_config(self, model_name: str, hf_config=None, revision=None) -> None:
+        """Accepts every version's call signature; nothing to update."""
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
+        """Rename the checkpoint-side module names the config refers to into vLLM's module names."""
+        fmt = self.quant_format
+        if fmt.exclude:
+            fmt.exclude = hf_to_vllm_mapper.apply_list(fmt.exclude)
+        if fmt.layer_schemes:
+            renamed = hf_to_vllm_mapper.apply_list(list(fmt.layer_schemes))
+            fmt.layer_schemes = dict(zip(renamed, fmt.layer_schemes.values(), strict=True))
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if not isinstance(layer, LinearBase):
+            if type(layer).__name__ in ("FusedMoE", "RoutedExperts"):
+                raise NotImplementedError(f"volta_nvfp4: '{prefix}' is a mixture-of-experts layer, which volta_nvfp4 "
+                                          "does not serve yet")
+            return None  # attention keeps an fp16 KV cache; embeddings stay unquantized
+        shards = self.packed_modules_mapping.get(prefix.rpartition(".")[2])
+        scheme = self.quant_format.scheme_for_fused(prefix, shards)
+        if scheme.kind == NVFP4:
+            from vllm_volta_fp4.plugin.quantization.nvfp4 import NvFp4LinearMethod
+
+            return NvFp4LinearMethod(self.quant_format, scheme, prefix)
+        if scheme.kind == FP8:
+            from vllm_volta_fp4.plugin.quantization.fp8 import Fp8LinearMethod
+
+            return Fp8LinearMethod(self.quant_format, scheme, prefix)
+        return UnquantizedLinearMethod()

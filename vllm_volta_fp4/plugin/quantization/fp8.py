@@ -1,0 +1,51 @@
+"""FP8 E4M3 weights of mixed FP8+NVFP4 checkpoints, fp16 activations (W8A16; Volta has no FP8 arithmetic)."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_volta_fp4.format.checkpoint import COMPRESSED_TENSORS
+from vllm_volta_fp4.format.nvfp4 import fp8_linear_reference
+from vllm_volta_fp4.plugin.compat import (
+    ChannelQuantScaleParameter,
+    ModelWeightParameter,
+    register_weight_loader_v2_supported_method,
+)
+from vllm_volta_fp4.plugin.quantization.linear_method import (
+    QuantizedLinearMethod,
+    checked_scales,
+    expand_to_rows,
+    per_shard_scale,
+    unloaded_sentinel,
+)
+
+
+@register_weight_loader_v2_supported_method
+class Fp8LinearMethod(QuantizedLinearMethod):
+    kernel = "fp8"
+    reference = staticmethod(fp8_linear_reference)
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
+                       params_dtype, **extra_weight_attrs):
+        loader = extra_weight_attrs["weight_loader"]
+        rows, shards = sum(output_partition_sizes), len(output_partition_sizes)
+        layer.volta_partition_sizes = list(output_partition_sizes)
+        layer.register_parameter(self.names["weight"], ModelWeightParameter(
+            data=torch.empty(rows, input_size_per_partition, dtype=torch.float8_e4m3fn),
+            input_dim=1, output_dim=0, weight_loader=loader))
+        if self.scheme.per_channel:
+            # compressed-tensors stores channel scales as [N, 1]
+            shape = (rows, 1) if self.quant_format.producer == COMPRESSED_TENSORS else (rows,)
+            scale = ChannelQuantScaleParameter(data=unloaded_sentinel(shape), output_dim=0, weight_loader=loader)
+        else:
+            scale = per_shard_scale(shards, loader)
+        layer.register_parameter(self.names["scale"], scale)
+        if self.scheme.quantized_activations:
+            layer.register_parameter(self.names["input_scale"], per_shard_scale(shards, loader))
+
+    def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
+        stored = getattr(layer, self.names["scale"]).data.reshape(-1)
+        scale = checked_scales(stored, self.prefix, f"FP8 weight scale '{self.names['scale']}'")
+        if not self.scheme.per_channel:
+            scale = expand_to_rows(scale, layer.volta_partition_sizes)
+        return {"weight": getattr(layer, self.names["weight"]).data, "scale": scale}

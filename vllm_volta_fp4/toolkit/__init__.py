@@ -1,0 +1,1 @@
+"""What the ``volta-fp4`` subcommands run: converter, doctor, memory planner, benchmark."""
