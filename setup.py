@@ -4,11 +4,21 @@ VLLM_VOLTA_FP4_BUILD_EXT=1 (build or fail) / =0 (never build). Build the extensi
 ``pip install --no-build-isolation .`` so the build sees your CUDA torch; TORCH_CUDA_ARCH_LIST defaults to 7.0."""
 
 import glob
+import importlib.util
 import os
 import shutil
 import sys
 
 from setuptools import setup
+
+
+def _envs():
+    """vllm_volta_fp4/envs.py, the one reader of VLLM_VOLTA_FP4_* (standard library only, so loadable by path)."""
+    spec = importlib.util.spec_from_file_location("vllm_volta_fp4_envs", os.path.join("vllm_volta_fp4", "envs.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _say(message: str) -> None:
@@ -31,12 +41,12 @@ def _why_extension_cannot_build() -> str | None:
 
 
 def _extensions() -> tuple[list, dict]:
-    forced = os.environ.get("VLLM_VOLTA_FP4_BUILD_EXT", "").strip()
-    if forced == "0":
+    forced = _envs().build_extension()
+    if forced is False:
         _say("building pure Python, without the CUDA extension: VLLM_VOLTA_FP4_BUILD_EXT=0")
         return [], {}
     obstacle = _why_extension_cannot_build()
-    if obstacle and forced == "1":
+    if obstacle and forced:
         raise RuntimeError(f"VLLM_VOLTA_FP4_BUILD_EXT=1 but the CUDA extension cannot be built: {obstacle}")
     if obstacle:
         _say(f"building pure Python, without the CUDA extension: {obstacle}")

@@ -16,30 +16,30 @@ namespace {
 
 enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3 };
 
-// Largest M that `auto` sends to the GEMV (weight_gemv_kernel); VLLM_VOLTA_FP4_GEMV_MAX_M overrides it (0 disables,
-// values above kGemvMaxM are clamped). The GEMV decodes each weight once into MMA fragments and the tensor cores
-// apply it to all M ≤ 8 rows, so its cost per weight does not grow with M (NVFP4 decode: 11 integer + 4 fp16
-// multiplies per 8 weights; mma.sync: 1 m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on
-// sm_70, so ≈ 3.5 issue slots per weight on a V100 with loads and loop, against 10.1 available at full bandwidth). It reads the same
-// bytes as the fused kernel without the shared-memory round trip, so it is taken for every M it supports.
-int64_t gemv_max_m() {
-  static const int64_t value = [] {
-    const char* env = std::getenv("VLLM_VOLTA_FP4_GEMV_MAX_M");
-    const int64_t from_env = env ? std::atoll(env) : int64_t(-1);
-    return from_env >= 0 ? std::min<int64_t>(from_env, kGemvMaxM) : int64_t(kGemvMaxM);
-  }();
-  return value;
-}
+// The M cut-overs of `auto`. Python sets them once when it loads the ops (set_gemm_cutovers, from
+// VLLM_VOLTA_FP4_GEMV_MAX_M / VLLM_VOLTA_FP4_CUBLAS_MIN_M, read by vllm_volta_fp4/envs.py); a negative value keeps
+// the default.
+//
+// Largest M that `auto` sends to the GEMV (weight_gemv_kernel; 0 disables it, values above kGemvMaxM are clamped).
+// The GEMV decodes each weight once into MMA fragments and the tensor cores apply it to all M ≤ 8 rows, so its cost
+// per weight does not grow with M (NVFP4 decode: 11 integer + 4 fp16 multiplies per 8 weights; mma.sync: 1
+// m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on sm_70, so ≈ 3.5 issue slots per weight on a
+// V100 with loads and loop, against 10.1 available at full bandwidth). It reads the same bytes as the fused kernel
+// without the shared-memory round trip, so it is taken for every M it supports.
+int64_t g_gemv_max_m = kGemvMaxM;
 
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200
 // (benchmarks/results/gemm-h200.md): the fused kernel wins up to M = 32 on every 27B shape and ties or wins at 64;
-// dequantize + cuBLAS wins from M = 128. VLLM_VOLTA_FP4_CUBLAS_MIN_M overrides it (measure on a V100 first).
-int64_t cublas_min_m() {
-  static const int64_t value = [] {
-    const char* env = std::getenv("VLLM_VOLTA_FP4_CUBLAS_MIN_M");
-    return env ? std::atoll(env) : int64_t(65);
-  }();
-  return value;
+// dequantize + cuBLAS wins from M = 128 (measure on a V100 before moving it).
+constexpr int64_t kDefaultCublasMinM = 65;
+int64_t g_cublas_min_m = kDefaultCublasMinM;
+
+int64_t gemv_max_m() { return g_gemv_max_m; }
+int64_t cublas_min_m() { return g_cublas_min_m; }
+
+void set_gemm_cutovers(int64_t gemv_max, int64_t cublas_min) {
+  g_gemv_max_m = gemv_max < 0 ? kGemvMaxM : std::min<int64_t>(gemv_max, kGemvMaxM);
+  g_cublas_min_m = cublas_min < 1 ? kDefaultCublasMinM : cublas_min;
 }
 
 constexpr int64_t kDequantChunkElements = int64_t(32) << 20;  // fp16 scratch per cuBLAS call: 64 MiB
@@ -315,6 +315,7 @@ at::Tensor weight_gemm(const at::Tensor& x_in, const at::Tensor& weight_tiles, c
 }  // namespace
 
 TORCH_LIBRARY(volta_fp4, m) {
+  m.def("set_gemm_cutovers(int gemv_max_m, int cublas_min_m) -> ()", &set_gemm_cutovers);
   m.def("prepare_nvfp4(Tensor packed, Tensor block_scale, Tensor global_scale) -> (Tensor, Tensor, Tensor)");
   m.def("prepare_fp8(Tensor weight, Tensor scale) -> (Tensor, Tensor, Tensor)");
   // split_k_counters is scratch that every call leaves all-zero, as prepare_* made it.

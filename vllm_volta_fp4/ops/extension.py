@@ -8,11 +8,10 @@ environment variable VLLM_VOLTA_FP4_MMA=sm70|sm80 sets the default (the H200 run
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-_MMA_BY_NAME = {"": 0, "auto": 0, "sm70": 70, "sm80": 80}
+from vllm_volta_fp4 import envs
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,7 +48,4 @@ class OpFamily:
 
 
 def default_mma() -> int:
-    name = os.environ.get("VLLM_VOLTA_FP4_MMA", "").strip().lower()
-    if name not in _MMA_BY_NAME:
-        raise ValueError(f"VLLM_VOLTA_FP4_MMA={name!r}: expected sm70 or sm80 (or unset)")
-    return _MMA_BY_NAME[name]
+    return envs.mma_atom()

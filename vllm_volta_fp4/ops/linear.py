@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 
+from vllm_volta_fp4 import envs
 from vllm_volta_fp4.ops.extension import OpFamily, default_mma
 
 PATH_AUTO, PATH_FUSED, PATH_DEQUANT_CUBLAS, PATH_GEMV = 0, 1, 2, 3
-_OPS = OpFamily("nvfp4_gemm", lambda: _register_fakes())
+_OPS = OpFamily("nvfp4_gemm", lambda: _on_load())
 
 
 def is_available() -> bool:
@@ -67,6 +68,15 @@ def fp8_linear(x: torch.Tensor, prepared: dict[str, torch.Tensor], bias: torch.T
                mma: int | None = None, path: int = PATH_AUTO) -> torch.Tensor:
     """W8A16: y = x · (W_fp8 · scale)ᵀ + bias for x [..., K] fp16; returns [..., N] fp16."""
     return _linear(torch.ops.volta_fp4.fp8_gemm, x, prepared, bias, mma, path)
+
+
+def _on_load() -> None:
+    """Once, when the ops are first used: the cut-overs of PATH_AUTO from the environment, and the fakes."""
+    unset = -1  # the extension keeps its default
+    gemv_max_m, cublas_min_m = envs.gemv_max_m(), envs.cublas_min_m()
+    torch.ops.volta_fp4.set_gemm_cutovers(unset if gemv_max_m is None else gemv_max_m,
+                                          unset if cublas_min_m is None else cublas_min_m)
+    _register_fakes()
 
 
 def _register_fakes() -> None:

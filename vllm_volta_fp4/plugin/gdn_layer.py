@@ -32,27 +32,21 @@ slot, the conv-state layout) comes from vllm_volta_fp4.plugin.compat."""
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from vllm_volta_fp4 import envs
 from vllm_volta_fp4.ops import gdn
 
 logger = logging.getLogger(__name__)
 
-ENABLE_ENV = "VLLM_VOLTA_FP4_GDN"
-_CHOICES = {"": "volta", "1": "volta", "on": "volta", "true": "volta", "yes": "volta", "force": "force",
-            "0": "off", "off": "off", "false": "off", "no": "off"}
+ENABLE_ENV = envs.GDN.name
 
 
 def choice() -> str:
     """``volta`` (default: compute capability 7.x only), ``force`` (any CUDA GPU) or ``off``, from ENABLE_ENV; any
     other value is an error."""
-    value = os.environ.get(ENABLE_ENV, "").strip().lower()
-    if value not in _CHOICES:
-        raise ValueError(f"{ENABLE_ENV}={os.environ[ENABLE_ENV]!r}: expected 1 / on / true / yes (compute "
-                         "capability 7.x), force (any CUDA GPU) or 0 / off / false / no")
-    return _CHOICES[value]
+    return envs.gdn_choice()
 
 
 _kernels_ready = False

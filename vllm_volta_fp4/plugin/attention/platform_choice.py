@@ -4,23 +4,21 @@ Kept apart from the backend on purpose: vLLM calls it while it resolves its plat
 importing vLLM itself, so this module imports nothing from vLLM at import time (a cycle would otherwise leave the
 backend module half-initialised in every process that loads the plugin, tensor-parallel workers first).
 
-``VLLM_VOLTA_FP4_ATTENTION``: unset or 1 → our platform on compute capability 7.x only; 0 → never; ``force`` → on any
-CUDA GPU (how the end-to-end tests check the automatic choice on a non-Volta GPU)."""
+``VLLM_VOLTA_FP4_ATTENTION`` (vllm_volta_fp4.envs): unset or 1 → our platform on compute capability 7.x only;
+0 → never; ``force`` → on any CUDA GPU (how the end-to-end tests check the automatic choice on a non-Volta GPU);
+anything else stops vLLM with an error."""
 
 from __future__ import annotations
 
-import os
+from vllm_volta_fp4 import envs
 
-ENABLE_ENV = "VLLM_VOLTA_FP4_ATTENTION"
+ENABLE_ENV = envs.ATTENTION.name
 PLATFORM = "vllm_volta_fp4.plugin.attention.platform.VoltaCudaPlatform"
 
 
 def automatic_choice() -> str:
     """``off``, ``volta`` (default: compute capability 7.x only) or ``force`` (any CUDA GPU), from ENABLE_ENV."""
-    value = os.environ.get(ENABLE_ENV, "1").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return "off"
-    return "force" if value == "force" else "volta"
+    return envs.attention_choice()
 
 
 def _cuda_capability_major() -> int | None:

@@ -6,6 +6,7 @@ import torch
 
 from vllm_volta_fp4.format.checkpoint import COMPRESSED_TENSORS
 from vllm_volta_fp4.format.nvfp4 import fp8_linear_reference
+from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.plugin.compat import (
     ChannelQuantScaleParameter,
     ModelWeightParameter,
@@ -22,7 +23,8 @@ from vllm_volta_fp4.plugin.quantization.linear_method import (
 
 @register_weight_loader_v2_supported_method
 class Fp8LinearMethod(QuantizedLinearMethod):
-    kernel = "fp8"
+    prepare = staticmethod(linear.prepare_fp8)
+    kernel = staticmethod(linear.fp8_linear)
     reference = staticmethod(fp8_linear_reference)
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,

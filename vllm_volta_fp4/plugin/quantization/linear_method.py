@@ -7,6 +7,7 @@ import torch
 from torch.nn import Parameter
 
 from vllm_volta_fp4.format.checkpoint import LayerScheme, QuantFormat
+from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.plugin.compat import LinearMethodBase, PerTensorScaleParameter
 
 PREPARED_PREFIX = "volta_"
@@ -47,21 +48,20 @@ def expand_to_rows(per_shard: torch.Tensor, output_partition_sizes: list[int]) -
     return per_shard.repeat_interleave(torch.tensor(output_partition_sizes, device=per_shard.device))
 
 
-def cuda_kernels_for(tensor: torch.Tensor):
-    """The CUDA kernel module when the extension is built and ``tensor`` lives on a CUDA device, else None."""
-    if not tensor.is_cuda:
-        return None
-    from vllm_volta_fp4.ops import linear
-
-    return linear if linear.is_available() else None
+def runs_our_kernels(tensor: torch.Tensor) -> bool:
+    """The CUDA kernels take ``tensor``: it lives on a CUDA device and the extension is built."""
+    return tensor.is_cuda and linear.is_available()
 
 
 class QuantizedLinearMethod(LinearMethodBase):
     """Base of the weight-only methods. A subclass creates the checkpoint-layout parameters and, after loading,
     returns the serving tensors in the order its kernel and its reference take them."""
 
-    kernel: str  # kernels.prepare_<kernel> / kernels.<kernel>_linear
-    reference = None  # reference(x, *serving tensors, bias)
+    # prepare(*serving tensors) -> kernel tensors, once after loading; kernel(x, kernel tensors, bias) per forward;
+    # reference(x, *serving tensors, bias) where the kernels do not run. Set by each subclass.
+    prepare = None
+    kernel = None
+    reference = None
 
     def __init__(self, quant_format: QuantFormat, scheme: LayerScheme, prefix: str):
         self.quant_format = quant_format
@@ -74,9 +74,8 @@ class QuantizedLinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer) -> None:
         tensors = self.serving_tensors(layer)
-        kernels = cuda_kernels_for(next(iter(tensors.values())))
-        if kernels is not None:
-            tensors = getattr(kernels, f"prepare_{self.kernel}")(*tensors.values())
+        if runs_our_kernels(next(iter(tensors.values()))):
+            tensors = type(self).prepare(*tensors.values())
         for name in self.names.values():  # the checkpoint layout is not kept beside the serving layout
             if hasattr(layer, name):
                 delattr(layer, name)
@@ -86,7 +85,6 @@ class QuantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         tensors = {name: getattr(layer, PREPARED_PREFIX + name) for name in layer.volta_tensor_names}
-        kernels = cuda_kernels_for(x)
-        if kernels is not None:
-            return getattr(kernels, f"{self.kernel}_linear")(x, tensors, bias)
+        if runs_our_kernels(x):
+            return type(self).kernel(x, tensors, bias)
         return type(self).reference(x, *tensors.values(), bias)

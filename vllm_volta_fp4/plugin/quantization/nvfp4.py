@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from vllm_volta_fp4.format.nvfp4 import BLOCK_SIZE, nvfp4_linear_reference
+from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.plugin.compat import (
     ModelWeightParameter,
     register_weight_loader_v2_supported_method,
@@ -22,7 +23,8 @@ from vllm_volta_fp4.plugin.quantization.linear_method import (
 
 @register_weight_loader_v2_supported_method
 class NvFp4LinearMethod(QuantizedLinearMethod):
-    kernel = "nvfp4"
+    prepare = staticmethod(linear.prepare_nvfp4)
+    kernel = staticmethod(linear.nvfp4_linear)
     reference = staticmethod(nvfp4_linear_reference)
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,

@@ -1,0 +1,106 @@
+"""Every ``VLLM_VOLTA_FP4_*`` environment variable, read here and nowhere else, and parsed strictly: a value
+outside what a variable accepts stops with an error naming the variable and what it accepts.
+
+Imports nothing but the standard library: setup.py loads this file by path at build time, and the platform plugin
+reads it while vLLM resolves its platform."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# Values of the on/off/force switches (attention backend, GDN kernels).
+OFF, VOLTA, FORCE = "off", "volta", "force"
+_SWITCH = {"": VOLTA, "1": VOLTA, "on": VOLTA, "true": VOLTA, "yes": VOLTA, "force": FORCE,
+           "0": OFF, "off": OFF, "false": OFF, "no": OFF}
+_SWITCH_ACCEPTS = "1 / on / true / yes (compute capability 7.x), force (any CUDA GPU) or 0 / off / false / no"
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    accepts: str
+    meaning: str
+
+
+ATTENTION = Variable("VLLM_VOLTA_FP4_ATTENTION", _SWITCH_ACCEPTS,
+                     "the VOLTA_HMMA attention backend as vLLM's default (unset: on compute capability 7.x)")
+GDN = Variable("VLLM_VOLTA_FP4_GDN", _SWITCH_ACCEPTS,
+               "the plugin's Gated-DeltaNet kernels inside vLLM's GDN layers (unset: on compute capability 7.x)")
+MMA = Variable("VLLM_VOLTA_FP4_MMA", "sm70, sm80 or auto", "force an MMA atom (unset/auto: by compute capability)")
+GEMV_MAX_M = Variable("VLLM_VOLTA_FP4_GEMV_MAX_M", "an integer ≥ 0",
+                      "largest M the GEMM's automatic choice sends to the GEMV (0: never; default and maximum 8)")
+CUBLAS_MIN_M = Variable("VLLM_VOLTA_FP4_CUBLAS_MIN_M", "an integer ≥ 1",
+                        "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 65)")
+BUILD_EXT = Variable("VLLM_VOLTA_FP4_BUILD_EXT", "1 (build or fail) or 0 (never build)",
+                     "at install: whether to build the CUDA extension (unset: where nvcc and a CUDA torch exist)")
+VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, BUILD_EXT)
+
+
+def _raw(variable: Variable) -> str | None:
+    value = os.environ.get(variable.name)
+    return None if value is None else value.strip().lower()
+
+
+def _invalid(variable: Variable) -> ValueError:
+    return ValueError(f"{variable.name}={os.environ[variable.name]!r}: expected {variable.accepts}")
+
+
+def _switch(variable: Variable) -> str:
+    value = _raw(variable)
+    if value is None:
+        return VOLTA
+    if value not in _SWITCH:
+        raise _invalid(variable)
+    return _SWITCH[value]
+
+
+def attention_choice() -> str:
+    """OFF, VOLTA (default: compute capability 7.x only) or FORCE (any CUDA GPU)."""
+    return _switch(ATTENTION)
+
+
+def gdn_choice() -> str:
+    """OFF, VOLTA (default: compute capability 7.x only) or FORCE (any CUDA GPU)."""
+    return _switch(GDN)
+
+
+def mma_atom() -> int:
+    """0 (by compute capability), 70 or 80."""
+    value = _raw(MMA)
+    atoms = {None: 0, "": 0, "auto": 0, "sm70": 70, "sm80": 80}
+    if value not in atoms:
+        raise _invalid(MMA)
+    return atoms[value]
+
+
+def _count(variable: Variable, minimum: int) -> int | None:
+    value = _raw(variable)
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise _invalid(variable) from None
+    if number < minimum:
+        raise _invalid(variable)
+    return number
+
+
+def gemv_max_m() -> int | None:
+    """The GEMV cut-over, or None for the extension's default."""
+    return _count(GEMV_MAX_M, 0)
+
+
+def cublas_min_m() -> int | None:
+    """The dequantize + cuBLAS cut-over, or None for the extension's default."""
+    return _count(CUBLAS_MIN_M, 1)
+
+
+def build_extension() -> bool | None:
+    """True: build the CUDA extension or fail; False: never build; None: build where it can be built."""
+    value = _raw(BUILD_EXT)
+    choices = {None: None, "": None, "1": True, "0": False}
+    if value not in choices:
+        raise _invalid(BUILD_EXT)
+    return choices[value]
