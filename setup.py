@@ -64,7 +64,8 @@ def _extensions() -> tuple[list, dict]:
         name="vllm_volta_fp4._C",
         sources=sources,
         include_dirs=[os.path.abspath("csrc")],
-        extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]},
+        extra_compile_args={"cxx": ["-O3", "-std=c++17"],
+                            "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]},
     )
     return [extension], {"build_ext": BuildExtension}
 

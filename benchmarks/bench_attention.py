@@ -18,9 +18,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from event_timing import median_ms
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from event_timing import median_ms
 from devkit.random_batches import RandomPagedBatch
 from vllm_volta_fp4.ops import attention
 
@@ -52,7 +52,7 @@ def run_case(kind: str, model: tuple, batch_size: int, length: int, repeats: int
     for mma in (80, 70):
         out = torch.full_like(batch.query, float("nan"))
 
-        def ours():
+        def ours(out=out, mma=mma):
             attention.paged_attention(batch.query, batch.kv_cache, batch.block_table, batch.query_start_loc,
                                       batch.seq_lens, batch.max_seq_len, scale, out=out, mma=mma)
 

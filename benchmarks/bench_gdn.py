@@ -25,8 +25,8 @@ import itertools
 from types import SimpleNamespace
 
 import torch
-
 from event_timing import median_ms
+
 from devkit.random_batches import RandomGdnBatch
 from vllm_volta_fp4.ops import gdn
 

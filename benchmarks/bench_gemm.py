@@ -18,8 +18,8 @@ import subprocess
 
 import torch
 
-from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.format.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from vllm_volta_fp4.ops import linear
 
 # (name, N, K). Qwen3.8-27B: hidden 5120, intermediate 17408, 24 q heads × 256 doubled by the output gate
 # (12288) + k/v 2 × 4 × 256; Gated-DeltaNet in_proj taken as 5120 → 16384, out_proj 6144 → 5120.
@@ -73,7 +73,8 @@ def copy_bandwidth() -> float:
 
 def git_commit() -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
         return commit + (" + uncommitted changes" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -95,10 +96,15 @@ def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float
         inputs = [torch.randn(m, k, device=device).half() for _ in range(max(2, min(8, ROTATION_BYTES // (m * k * 2))))]
         reference = inputs[0].float() @ w16.float().T
         calls = 20 if m <= 256 else 3
-        def nvfp4(path, mma=None):
-            return lambda i: linear.nvfp4_linear(inputs[i % len(inputs)], prepared_copies[i % nvfp4_copies], mma=mma, path=path)
+        def nvfp4(path, mma=None, inputs=inputs):
+            return lambda i: linear.nvfp4_linear(inputs[i % len(inputs)], prepared_copies[i % nvfp4_copies], mma=mma,
+                                                 path=path)
+
+        def cublas_fp16(i, inputs=inputs):
+            return torch.nn.functional.linear(inputs[i % len(inputs)], w16_copies[i % fp16_copies])
+
         variants = {
-            "cublas_fp16": (lambda i: torch.nn.functional.linear(inputs[i % len(inputs)], w16_copies[i % fp16_copies]), fp16_copies),
+            "cublas_fp16": (cublas_fp16, fp16_copies),
             "fused_sm80": (nvfp4(linear.PATH_FUSED, 80), nvfp4_copies),
             "dequant_cublas": (nvfp4(linear.PATH_DEQUANT_CUBLAS), nvfp4_copies),
             "auto": (nvfp4(linear.PATH_AUTO), nvfp4_copies),
@@ -124,8 +130,9 @@ def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float
             row["gemv_speedup_vs_cublas"] = row["cublas_fp16"] / row["gemv"]
             row["gemv_pct_of_copy"] = 100 * packed_bytes / row["gemv"] / 1e3 / copy_gbps
         rows.append(row)
-        print(" ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}" for key, value in row.items()), flush=True)
-        del inputs
+        print(" ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
+                       for key, value in row.items()), flush=True)
+        del inputs, variants  # the closures hold the inputs too
     return rows
 
 
@@ -133,7 +140,7 @@ def markdown(rows: list[dict], copy_gbps: float, gpu: str, commit: str) -> str:
     lines = [
         f"# NVFP4 GEMM benchmark — {gpu}",
         "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}",
         f"- commit: {commit}",
         f"- torch {torch.__version__}, CUDA {torch.version.cuda}; device-to-device copy: {copy_gbps:.0f} GB/s (read + write)",
         "- times: µs per call, median of CUDA-graph replays, weights/inputs rotated over > 512 MB (beyond L2).",

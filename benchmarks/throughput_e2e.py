@@ -34,11 +34,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devkit.engine import engine_model, gdn_layers_on_our_kernels, uninstall_gdn_overrides  # noqa: E402
-from devkit.engine import use_torch_allocator_for_triton  # noqa: E402
+from devkit.engine import (  # noqa: E402
+    engine_model,
+    gdn_layers_on_our_kernels,
+    uninstall_gdn_overrides,
+    use_torch_allocator_for_triton,  # noqa: E402
+)
 from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, supported_engine_args  # noqa: E402
-from vllm_volta_fp4.toolkit.convert import convert_to_dense  # noqa: E402
 from vllm_volta_fp4.testing.tiny_model import HybridArch, TinyArch, make_checkpoint, qwen3_8_27b  # noqa: E402
+from vllm_volta_fp4.toolkit.convert import convert_to_dense  # noqa: E402
 
 PREFILL_LENGTHS = (512, 2048)
 DECODE_BATCHES = (1, 8)
@@ -272,7 +276,7 @@ def main() -> int:
     lines = [
         f"# vLLM throughput with the plugin, {args.arch} — {torch.cuda.get_device_name(0)}",
         "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {args.commit}, "
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {args.commit}, "
         f"vLLM {vllm.__version__}, torch {torch.__version__}, triton {triton.__version__}",
         f"- model: {arch.describe(args.layers)}; vocabulary 384 (so the layers, not the lm_head, dominate), random "
         f"weights. NVFP4 as compressed-tensors W4A16 ({size['volta_nvfp4']:.2f} GB; what real exports leave in 16 "

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 FP16_MAX = 65504.0
 FP16_OVERFLOW = 65520.0
 RESIDUAL_MODES = ("model", "vllm", "fp32-outputs")  # the smallest magnitude that rounds to inf (round to nearest even)

@@ -32,7 +32,7 @@ class RandomPagedBatch:
         self.kv_cache = torch.full((num_blocks, 2, block_size, num_kv_heads, head_size), float("nan"), dtype=dtype)
         self.keys, self.values = [], []  # dense [seq_len, kv_heads, head_size] per sequence
         new_keys, new_values, slots = [], [], []
-        for seq, ((context, q_len), n_blocks) in enumerate(zip(seqs, blocks_per_seq)):
+        for seq, ((context, q_len), n_blocks) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
             self.block_table[seq, :n_blocks] = torch.tensor([order.pop() for _ in range(n_blocks)])
             keys = torch.randn(context + q_len, num_kv_heads, head_size, generator=generator).to(dtype)
             values = torch.randn(context + q_len, num_kv_heads, head_size, generator=generator).to(dtype)
@@ -74,7 +74,8 @@ class RandomPagedBatch:
         starts = self.query_start_loc.tolist()
         for seq, (context, _) in enumerate(self.seqs):
             q = self.query[starts[seq]: starts[seq + 1]].cpu().to(compute_dtype)
-            outputs.append(attention.softmax_attention(q, self.keys[seq].to(compute_dtype), self.values[seq].to(compute_dtype),
+            keys, values = self.keys[seq].to(compute_dtype), self.values[seq].to(compute_dtype)
+            outputs.append(attention.softmax_attention(q, keys, values,
                                              scale, context, sliding_window, self.num_heads // self.num_kv_heads))
         return torch.cat(outputs)
 

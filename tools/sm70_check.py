@@ -52,7 +52,8 @@ def find_toolchain() -> tuple[Path, Path]:
     ptxas = [p for d in _package_dirs("cuda_nvcc") for p in [d / "bin" / "ptxas"] if p.is_file()]
     if not nvrtc or not ptxas:
         raise ToolchainMissing(
-            "CUDA 12.9 NVRTC/ptxas not found; pip install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86"
+            "CUDA 12.9 NVRTC/ptxas not found; "
+            "pip install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86"
         )
     return nvrtc[0], ptxas[0]
 
@@ -70,7 +71,8 @@ def kernel_source() -> str:
                 lines.append(f"template __global__ void weight_gemv_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
     for fmt in FORMATS:
         lines.append(
-            f"template __global__ void dequantize_tiles_kernel<{fmt}>(const uint8_t*, const float*, uint16_t*, int, int, int, int);"
+            f"template __global__ void dequantize_tiles_kernel<{fmt}>"
+            "(const uint8_t*, const float*, uint16_t*, int, int, int, int);"
         )
     lines.append("}")
     # Exported so the report can print each kernel's dynamic shared memory from the header's own formula.
@@ -139,7 +141,8 @@ def ptxas_reports(ptxas: Path, ptx: str, workdir: Path) -> list[KernelReport]:
     for line in result.stderr.splitlines():
         if m := re.search(r"Compiling entry function '(\w+)'", line):
             current = m.group(1)
-        elif current and (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+        elif current and (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                                          line)):
             stack, spill_stores, spill_loads = map(int, m.groups())
             pending = (stack, spill_stores + spill_loads)
         elif current and (m := re.search(r"Used (\d+) registers", line)):
@@ -189,7 +192,8 @@ def main() -> int:
         return 2
     print(f"{'kernel (sm_70)':<48} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8}")
     for r in reports:
-        print(f"{readable(r.name):<48} {r.registers:>5} {r.spill_bytes:>8} {r.stack_bytes:>8} {r.static_smem + r.dynamic_smem:>8}")
+        smem = r.static_smem + r.dynamic_smem
+        print(f"{readable(r.name):<48} {r.registers:>5} {r.spill_bytes:>8} {r.stack_bytes:>8} {smem:>8}")
     for failure in failures:
         print(f"FAIL: {failure}", file=sys.stderr)
     print("sm_70 check:", "FAILED" if failures else f"clean ({VOLTA_HMMA} present in PTX)")

@@ -147,14 +147,16 @@ MODELOPT_CASES = {
                                 lambda t: t.__setitem__(f"{GATE}.weight_scale", t[f"{GATE}.weight_scale"].half()),
                                 "dtype F16"),
     "block scale wrong shape": (f"{GATE}.weight_scale",
-                                lambda t: t.__setitem__(f"{GATE}.weight_scale", t[f"{GATE}.weight_scale"][:, :-1].contiguous()),
+                                lambda t: t.__setitem__(f"{GATE}.weight_scale",
+                                                        t[f"{GATE}.weight_scale"][:, :-1].contiguous()),
                                 "shape"),
     "packed weight wrong dtype": (f"{GATE}.weight",
                                   lambda t: t.__setitem__(f"{GATE}.weight", t[f"{GATE}.weight"].to(torch.int32)),
                                   "dtype I32"),
     "nan global scale": (f"{GATE}.weight_scale_2", _set(f"{GATE}.weight_scale_2", torch.tensor(float("nan"))), "nan"),
     "inf global scale": (f"{GATE}.weight_scale_2", _set(f"{GATE}.weight_scale_2", torch.tensor(float("inf"))), "inf"),
-    "zero global scale": (f"{GATE}.weight_scale_2", _set(f"{GATE}.weight_scale_2", torch.tensor(0.0)), "finite and positive"),
+    "zero global scale": (f"{GATE}.weight_scale_2", _set(f"{GATE}.weight_scale_2", torch.tensor(0.0)),
+                          "finite and positive"),
     "negative global scale": (f"{GATE}.weight_scale_2", _set(f"{GATE}.weight_scale_2", torch.tensor(-1.0)),
                               "finite and positive"),
     "global scale not scalar": (f"{GATE}.weight_scale_2", _set(f"{GATE}.weight_scale_2", torch.ones(3)),
@@ -179,7 +181,7 @@ def test_nan_and_negative_block_scales_are_found(fresh_checkpoint):
         directory = fresh_checkpoint("ct-w4a16")
         name = f"{GATE}.weight_scale"
 
-        def poison(tensors, value=value):
+        def poison(tensors, value=value, name=name):
             scale = tensors[name].view(torch.uint8).clone()
             scale[3, 1] = value
             tensors[name] = scale.view(torch.float8_e4m3fn)

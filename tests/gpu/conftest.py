@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture
 def triton_allocator():
-    """vLLM's Triton GDN kernels need a Triton scratch allocator under the GPU kit (devkit.engine.use_torch_allocator_for_triton)."""
+    """vLLM's Triton GDN kernels need a Triton scratch allocator under the GPU kit
+    (devkit.engine.use_torch_allocator_for_triton)."""
     from devkit.engine import use_torch_allocator_for_triton
 
     use_torch_allocator_for_triton()

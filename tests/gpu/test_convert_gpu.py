@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vllm_volta_fp4.toolkit.convert import convert_to_dense
 from vllm_volta_fp4.testing.tiny_model import make_tiny_checkpoint
+from vllm_volta_fp4.toolkit.convert import convert_to_dense
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

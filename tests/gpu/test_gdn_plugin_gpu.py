@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from devkit.random_batches import RandomGdnBatch
 from devkit.engine import uninstall_gdn_overrides
+from devkit.random_batches import RandomGdnBatch
 from vllm_volta_fp4.ops import gdn
 
 pytestmark = [

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_volta_fp4.ops import linear
-from vllm_volta_fp4.toolkit.convert import convert_to_dense
 from devkit.engine import attention_impls
+from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, Generation, generate_with, supported_engine_args
 from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
+from vllm_volta_fp4.toolkit.convert import convert_to_dense
 
 pytestmark = [
     pytest.mark.gpu,
@@ -190,7 +190,8 @@ def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allo
         "llm = LLM(**supported_engine_args(json.loads(sys.argv[1])))\n"
         "layers = gdn_layers_on_our_kernels(engine_model(llm))\n"
         "passes = [generate_with(llm, json.loads(sys.argv[2]), int(sys.argv[3])) for _ in range(2)]\n"
-        "print('RESULT', json.dumps({'layers': layers, 'passes': [[dataclasses.asdict(g) for g in p] for p in passes]}))\n"
+        "passes = [[dataclasses.asdict(g) for g in p] for p in passes]\n"
+        "print('RESULT', json.dumps({'layers': layers, 'passes': passes}))\n"
     )
     env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "force"}
     result = subprocess.run([sys.executable, "-c", script, json.dumps(settings), json.dumps(PROMPTS), str(MAX_TOKENS)],

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.format.nvfp4 import dequantize_fp8, dequantize_nvfp4, quantize_fp8, quantize_nvfp4
+from vllm_volta_fp4.ops import linear
 
 pytestmark = [
     pytest.mark.gpu,
@@ -51,7 +51,7 @@ def merged_nvfp4(n: int, k: int, device: torch.device, generator: torch.Generato
     """A q/k/v-like merged weight: shards quantized separately, so each keeps its own global scale."""
     cuts = sorted({0, n, *(16 * int(c) for c in torch.randint(1, n // 16, (2,), generator=generator))})
     shards = []
-    for begin, end in zip(cuts, cuts[1:]):
+    for begin, end in zip(cuts, cuts[1:], strict=False):
         magnitude = 10.0 ** float(torch.empty(1).uniform_(-3, 1, generator=generator))  # different scales per shard
         w = torch.randn(end - begin, k, generator=generator) * magnitude
         shards.append(quantize_nvfp4(w.to(device)))

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import requires_vllm
 from devkit.random_batches import RandomPagedBatch
+from tests.conftest import requires_vllm
 from vllm_volta_fp4.ops import attention
 
 # (context_len, query_len) per sequence

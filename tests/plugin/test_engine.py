@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 
 from tests.conftest import CPU_ENGINE_ENV as ENV
 from tests.conftest import requires_vllm
-from vllm_volta_fp4.toolkit.convert import convert_to_dense
 from vllm_volta_fp4.testing.greedy import DEFAULT_PROMPTS
 from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
+from vllm_volta_fp4.toolkit.convert import convert_to_dense
 
 pytestmark = [pytest.mark.engine, requires_vllm]
 

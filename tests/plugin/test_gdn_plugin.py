@@ -1,4 +1,5 @@
-"""vllm_volta_fp4.plugin.gdn_layer on the CPU: VLLM_VOLTA_FP4_GDN and the GPU deciding, registration in vLLM's out-of-tree
+"""vllm_volta_fp4.plugin.gdn_layer on the CPU: VLLM_VOLTA_FP4_GDN and the GPU deciding, registration in vLLM's
+out-of-tree
 registry (which class vLLM then instantiates), and the argument translation of the three overrides, driven into
 the references of vllm_volta_fp4.ops.gdn by forcing the "our kernels run" predicate and checked against a float64
 token-by-token oracle written here (the layer core, the chunked rule) or against vLLM's own forward_native (the
@@ -15,9 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import requires_vllm
-from devkit.random_batches import RandomGdnBatch
 from devkit.engine import uninstall_gdn_overrides
+from devkit.random_batches import RandomGdnBatch
+from tests.conftest import requires_vllm
 from vllm_volta_fp4.ops import gdn
 from vllm_volta_fp4.plugin import gdn_layer
 
@@ -313,7 +314,7 @@ def test_layer_core_declines_what_it_does_not_cover(monkeypatch, force_ours):
     def declined() -> bool:
         layer.fallbacks.clear()
         layer._forward_core(mixed_qkv=x, b=b, a=a, core_attn_out=out)
-        untouched = all(torch.equal(t, u) for t, u in zip(layer.kv_cache, before)) and not out.any()
+        untouched = all(torch.equal(t, u) for t, u in zip(layer.kv_cache, before, strict=True)) and not out.any()
         return layer.fallbacks == [x.shape[0]] and untouched
 
     metadata.spec_sequence_masks = torch.ones(len(lengths), dtype=torch.bool)

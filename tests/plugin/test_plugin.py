@@ -33,8 +33,9 @@ def test_entry_point_is_installed():
 
 @requires_vllm
 def test_register_is_idempotent_and_exposes_the_method():
-    import vllm_volta_fp4
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    import vllm_volta_fp4
 
     vllm_volta_fp4.register()
     vllm_volta_fp4.register()
@@ -110,7 +111,7 @@ def _dense(checkpoint: Checkpoint, module: str) -> torch.Tensor:
 
 def _load_checkpoint_tensors(layer, checkpoint: Checkpoint, module: str, shard_id):
     """Feed every tensor of checkpoint module ``module`` through the layer's own weight loader, as vLLM does."""
-    for name, info in checkpoint.tensors.items():
+    for name in checkpoint.tensors:
         parent, _, leaf = name.rpartition(".")
         if parent != module:
             continue

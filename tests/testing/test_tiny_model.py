@@ -1,4 +1,5 @@
-"""The Qwen3.5 hybrid shapes of vllm_volta_fp4.testing.tiny_model: the benchmark's Qwen3.8-27B-width layers (built on the
+"""The Qwen3.5 hybrid shapes of vllm_volta_fp4.testing.tiny_model: the benchmark's Qwen3.8-27B-width layers (built on
+the
 meta device: names and shapes without values) against the real model's config, and the meta build against the
 materialised tiny model."""
 

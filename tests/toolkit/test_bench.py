@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from tests.conftest import requires_vllm
+from vllm_volta_fp4.cli import main
 from vllm_volta_fp4.toolkit.benchmark import (
     COLUMNS,
     BatchRound,
@@ -21,8 +22,6 @@ from vllm_volta_fp4.toolkit.benchmark import (
     percentile,
     write_reports,
 )
-from vllm_volta_fp4.cli import main
-
 
 
 def test_percentile_matches_numpy():

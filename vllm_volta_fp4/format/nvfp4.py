@@ -183,7 +183,8 @@ def dequantize_nvfp4(
     return (values * scales * row_scale).reshape(rows, cols).to(dtype)
 
 
-def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor | float,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """FP8 E4M3 weight [N, K] with a per-tensor scale (scalar) or per-channel scale ([N] or [N, 1]) → [N, K]."""
     scale = torch.as_tensor(scale, dtype=torch.float32, device=weight.device)
     if scale.numel() > 1:

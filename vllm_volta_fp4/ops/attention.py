@@ -14,7 +14,6 @@ VLLM_VOLTA_FP4_MMA sets the default).
 
 from __future__ import annotations
 
-
 import torch
 
 from vllm_volta_fp4.ops import extension
@@ -66,7 +65,8 @@ def reference_write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: t
     kv_cache[blocks, 1, offsets] = value[stored].to(kv_cache.dtype)
 
 
-def gather_sequence_kv(kv_cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_sequence_kv(kv_cache: torch.Tensor, block_table_row: torch.Tensor,
+                       seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``seq_len`` keys and values of one sequence, each [seq_len, kv_heads, head_size]."""
     block_size = kv_cache.shape[2]
     blocks = block_table_row[: (seq_len + block_size - 1) // block_size].long()

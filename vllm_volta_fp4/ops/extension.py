@@ -14,7 +14,7 @@ import torch
 from vllm_volta_fp4 import envs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _extension_loaded() -> bool:
     try:
         import vllm_volta_fp4._C  # noqa: F401  (registers torch.ops.volta_fp4)

@@ -30,7 +30,6 @@ with -1; vLLM 0.20.2 reserves slot 0 as its null block, so pass ``null_slot=0`` 
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

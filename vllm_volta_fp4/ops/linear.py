@@ -32,7 +32,8 @@ def _require_extension() -> None:
         raise RuntimeError("vllm_volta_fp4._C is not built (pip install --no-build-isolation -e . with CUDA torch)")
 
 
-def prepare_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor | float) -> dict[str, torch.Tensor]:
+def prepare_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor,
+                  global_scale: torch.Tensor | float) -> dict[str, torch.Tensor]:
     """Checkpoint NVFP4 tensors → kernel layout. ``global_scale``: decode scale, scalar or float32 [N]."""
     _require_extension()
     global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)

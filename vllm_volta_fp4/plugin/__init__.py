@@ -8,8 +8,8 @@ from __future__ import annotations
 def register_with_vllm() -> None:
     from vllm_volta_fp4.plugin.attention.backend import register_attention_backend
     from vllm_volta_fp4.plugin.compat import register_quantization_config
-    from vllm_volta_fp4.plugin.quantization.config import NAME, VoltaNvfp4Config
     from vllm_volta_fp4.plugin.gdn_layer import register_gdn
+    from vllm_volta_fp4.plugin.quantization.config import NAME, VoltaNvfp4Config
 
     register_quantization_config(NAME)(VoltaNvfp4Config)
     register_attention_backend()  # vLLM's CUSTOM slot: --attention-backend CUSTOM

@@ -1,7 +1,8 @@
 """Greedy generation through a real vLLM engine, used by ``volta-fp4 demo`` and the end-to-end tests.
 
-Run as ``python -m vllm_volta_fp4.testing.greedy SPEC.json OUT.json`` it generates for several models one after the other in
-one process (each engine is shut down before the next starts) and writes token ids and log-probabilities as JSON.
+Run as ``python -m vllm_volta_fp4.testing.greedy SPEC.json OUT.json`` (or through ``generate_in_subprocess``) it
+generates for several models one after the other in one process (each engine is shut down before the next starts)
+and writes token ids and log-probabilities as JSON.
 SPEC: ``{"runs": [{"name", "model", "engine_args": {...}, "env": {...}}], "prompts": [...], "max_tokens": N}``.
 """
 
@@ -10,8 +11,11 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 DEFAULT_PROMPTS = ["hello world", "the capital of france is", "my name is volta and i", "one two three four"]
 
@@ -88,6 +92,25 @@ def greedy_generate(model: str, prompts: list[str], max_tokens: int = 32, **engi
     finally:
         del llm
         gc.collect()
+
+
+def generate_in_subprocess(spec: dict, log: Path | None = None) -> dict[str, list[Generation]]:
+    """Run ``spec``'s engines in a fresh Python process (the module's ``main``); their log goes to ``log`` (None: to
+    this process's output). Raises RuntimeError naming the log when the process fails."""
+    with tempfile.TemporaryDirectory(prefix="volta-fp4-greedy-") as scratch:
+        spec_file, out_file = Path(scratch) / "spec.json", Path(scratch) / "out.json"
+        spec_file.write_text(json.dumps(spec))
+        command = [sys.executable, "-m", __name__, str(spec_file), str(out_file)]
+        if log is None:
+            returncode = subprocess.run(command).returncode
+        else:
+            with log.open("w") as sink:
+                returncode = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode
+        if returncode != 0:
+            raise RuntimeError(f"the vLLM engine process failed (exit {returncode})"
+                               + (f"; its log: {log}" if log is not None else ""))
+        results = json.loads(out_file.read_text())
+    return {name: [Generation(**g) for g in generations] for name, generations in results.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

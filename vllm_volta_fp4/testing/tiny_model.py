@@ -155,7 +155,8 @@ def random_weights(arch: TinyArch, vocab: int, seed: int = 0, device: str = "cpu
 # Decoder-layer projections are quantized; what real NVFP4 exports of Qwen3.5 leave in 16 bits is excluded: the
 # Gated-DeltaNet b/a projections (tiny, precision-critical), the vision tower and lm_head. Everything else that is not
 # a projection (norms, conv1d, A_log, dt_bias, embeddings) is never a quantization target.
-_DECODER_PROJECTION = re.compile(r"^model\.(language_model\.)?layers\.\d+\.(self_attn|linear_attn|mlp)\.\w*proj\w*\.weight$")
+_DECODER_PROJECTION = re.compile(
+    r"^model\.(language_model\.)?layers\.\d+\.(self_attn|linear_attn|mlp)\.\w*proj\w*\.weight$")
 _LEFT_IN_16_BITS = re.compile(r".*\.linear_attn\.in_proj_[ab]\.weight$")
 MODELOPT_EXCLUDES = ["lm_head", "model.visual*", "*.linear_attn.in_proj_a", "*.linear_attn.in_proj_b"]
 CT_IGNORE = ["lm_head", "re:model\\.visual\\..*", "re:.*\\.linear_attn\\.in_proj_[ab]$"]
@@ -272,7 +273,8 @@ def save_sharded(tensors: dict[str, torch.Tensor], dest: Path, shards: int = 2) 
     for index in range(shards):
         file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
         chunk = names[index * per_shard:(index + 1) * per_shard]
-        save_file({name: tensors[name].contiguous().cpu() for name in chunk}, str(dest / file), metadata={"format": "pt"})
+        save_file({name: tensors[name].contiguous().cpu() for name in chunk}, str(dest / file),
+                  metadata={"format": "pt"})
         weight_map.update({name: file for name in chunk})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (dest / "model.safetensors.index.json").write_text(

@@ -94,7 +94,8 @@ def convert_to_dense(src: str | Path, dst: str | Path, *, dtype: torch.dtype = t
 
     for name, load in plan:
         tensor = load()
-        if shard and sum(t.numel() * t.element_size() for t in shard.values()) + tensor.numel() * tensor.element_size() > shard_bytes:
+        shard_size = sum(t.numel() * t.element_size() for t in shard.values())
+        if shard and shard_size + tensor.numel() * tensor.element_size() > shard_bytes:
             flush()
         shard[name] = tensor.contiguous()
         progress.advance(name)

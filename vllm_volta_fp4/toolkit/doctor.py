@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_volta_fp4 import envs
 from vllm_volta_fp4.format.checkpoint import Checkpoint, CheckpointError
 from vllm_volta_fp4.toolkit.convert import Progress
 
@@ -69,6 +70,8 @@ class Environment:
     extension_error: str = ""
     extension_code: set[str] = field(default_factory=set)  # {"sm_70", "compute_70", …}
     plugin_registered: bool = False
+    platform_plugin_registered: bool = False  # the vllm.platform_plugins entry point that picks VOLTA_HMMA
+    attention_switch: str = envs.VOLTA  # VLLM_VOLTA_FP4_ATTENTION, or "invalid: <why>"
     vllm_plugins_env: str | None = None
     triton_installed: bool = False
 
@@ -189,6 +192,12 @@ def probe_environment() -> Environment:
     _probe_extension(env)
     env.plugin_registered = any(point.name == "volta_nvfp4"
                                 for point in importlib.metadata.entry_points(group="vllm.general_plugins"))
+    env.platform_plugin_registered = any(point.name == "volta_attention"
+                                         for point in importlib.metadata.entry_points(group="vllm.platform_plugins"))
+    try:
+        env.attention_switch = envs.attention_choice()
+    except ValueError as error:
+        env.attention_switch = f"invalid: {error}"
     env.vllm_plugins_env = os.environ.get("VLLM_PLUGINS")
     env.triton_installed = importlib.util.find_spec("triton") is not None
     return env
@@ -343,17 +352,35 @@ def _attention_finding(env: Environment) -> Finding:
         return Finding("attention", SKIP, "no GPU: attention backend not checked")
     if _target_capability(env) >= (8, 0):
         return Finding("attention", OK, "compute capability ≥ 8.0: vLLM's FlashAttention backends apply")
+    if env.attention_switch.startswith("invalid"):
+        return Finding("attention", FAIL, env.attention_switch.removeprefix("invalid: "),
+                       f"unset {envs.ATTENTION.name} or give it one of: {envs.ATTENTION.accepts}")
+    if env.attention_switch != envs.OFF and env.platform_plugin_registered:
+        if not _extension_usable(env):
+            return Finding("attention", WARN, "vLLM will pick the plugin's VOLTA_HMMA attention backend, but without a "
+                           "working vllm_volta_fp4._C it runs the pure-PyTorch reference (unusably slow)",
+                           BUILD_EXTENSION)
+        return Finding("attention", OK, "VOLTA_HMMA (the plugin's tensor-core paged attention) is vLLM's default here")
+    why = (f"{envs.ATTENTION.name}=0" if env.attention_switch == envs.OFF
+           else "the plugin's platform entry point (volta_attention) is not installed")
     if not env.triton_installed:
-        return Finding("attention", FAIL, "Triton is not installed; vLLM's only attention backend on a V100 is "
-                       "TRITON_ATTN", "pip install the triton version your vLLM/torch pin requires")
+        return Finding("attention", FAIL,
+                       f"Triton is not installed and vLLM's attention on a V100 is TRITON_ATTN ({why})",
+                       f"pip install the triton version your vLLM/torch pin requires, or unset {envs.ATTENTION.name}")
     cache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     writable = os.access(cache if cache.exists() else cache.parent if cache.parent.exists() else Path.home(),
                          os.W_OK)
-    return Finding("attention", WARN if not writable else OK,
-                   f"V100 attention is TRITON_ATTN: the first request compiles its kernels (minutes; reported to "
-                   f"look like a hang); Triton cache {cache} is {'writable' if writable else 'NOT writable'}",
-                   "send one warm-up request before real traffic; keep TRITON_CACHE_DIR on a persistent, writable "
-                   "disk so the compile happens once")
+    return Finding("attention", WARN,
+                   f"V100 attention is TRITON_ATTN ({why}): no tensor cores, and the first request compiles its "
+                   f"kernels (minutes); Triton cache {cache} is {'writable' if writable else 'NOT writable'}",
+                   f"unset {envs.ATTENTION.name} (or reinstall vllm-volta-fp4) for VOLTA_HMMA; otherwise send one "
+                   "warm-up request before real traffic and keep TRITON_CACHE_DIR on a persistent, writable disk")
+
+
+def _extension_usable(env: Environment) -> bool:
+    capability = _target_capability(env)
+    return (env.extension_path is not None and not env.extension_error
+            and _has_code_for(env.extension_code, capability) != "")
 
 
 def _memory_findings(env: Environment) -> list[Finding]:

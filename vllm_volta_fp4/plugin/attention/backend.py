@@ -65,7 +65,8 @@ class VoltaAttentionImpl(compat.AttentionImpl):
                  **unsupported) -> None:
         problems = [what for what, present in (
             ("ALiBi", alibi_slopes is not None), ("logits soft-cap", bool(logits_soft_cap)),
-            ("attention sinks", sinks is not None), (f"attention type {attn_type}", attn_type != compat.AttentionType.DECODER),
+            ("attention sinks", sinks is not None),
+            (f"attention type {attn_type}", attn_type != compat.AttentionType.DECODER),
             (f"KV cache dtype {kv_cache_dtype}", kv_cache_dtype not in VoltaAttentionBackend.supported_kv_cache_dtypes),
             (f"head_size {head_size}", head_size not in attention.HEAD_SIZES),
             (f"options {sorted(k for k, v in unsupported.items() if v)}", any(unsupported.values())),

@@ -1,0 +1,58 @@
+"""What `pip install` gets: the sdist carries the kernel sources, a wheel built from it refuses loudly to go without
+the extension when asked for it, and the wheel installs the product only (no development aids, no tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytest.importorskip("build")
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sdist")
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(out), str(REPO)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    (archive,) = out.glob("*.tar.gz")
+    return archive
+
+
+def _wheel_from(sdist: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_VOLTA_FP4_")}
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out),
+                           str(sdist)], env={**environment, **env}, capture_output=True, text=True, timeout=600)
+
+
+def test_the_sdist_carries_every_kernel_source(sdist):
+    with tarfile.open(sdist) as archive:
+        packed = {name.split("/", 1)[1] for name in archive.getnames() if "/csrc/" in f"/{name.split('/', 1)[-1]}"}
+    sources = {str(path.relative_to(REPO)) for path in (REPO / "csrc").rglob("*") if path.is_file()}
+    assert sources and sources <= packed, sorted(sources - packed)
+
+
+def test_a_wheel_from_the_sdist_fails_loudly_without_cuda_when_the_extension_is_required(sdist, tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA torch is installed: the extension can be built here")
+    result = _wheel_from(sdist, tmp_path, VLLM_VOLTA_FP4_BUILD_EXT="1")
+    assert result.returncode != 0
+    assert "VLLM_VOLTA_FP4_BUILD_EXT=1 but the CUDA extension cannot be built" in result.stdout + result.stderr
+
+
+def test_the_wheel_installs_the_product_only(sdist, tmp_path):
+    result = _wheel_from(sdist, tmp_path, VLLM_VOLTA_FP4_BUILD_EXT="0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    tops = {name.split("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert "vllm_volta_fp4" in tops
+    assert not tops & {"devkit", "tests", "benchmarks", "scripts", "tools"}, tops
