@@ -34,7 +34,8 @@
 //   85 KB, inside Volta's 96 KB per block.
 #pragma once
 
-#include "gemm/weight_gemm.cuh"
+#include "common/fp16.cuh"
+#include "common/mma_atoms.cuh"
 
 namespace volta_fp4 {
 namespace attention {

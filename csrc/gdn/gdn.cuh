@@ -41,7 +41,8 @@
 // with 2-byte stores by lanes that take consecutive tokens, so a warp's stores hit distinct words.
 #pragma once
 
-#include "gemm/weight_gemm.cuh"
+#include "common/fp16.cuh"
+#include "common/mma_atoms.cuh"
 
 namespace volta_fp4 {
 namespace gdn {

@@ -35,6 +35,7 @@
 // into MMA fragments, no shared memory): see "GEMV path" below.
 #pragma once
 
+#include "common/fp16.cuh"
 #include "common/mma_atoms.cuh"
 
 namespace volta_fp4 {
@@ -48,27 +49,6 @@ constexpr int kMaxSplitMTiles = 8;       // split-K semaphores per row strip (se
 
 // Dynamic shared memory of weight_gemm_kernel<…, BM>: two buffers of BM x rows and 64 w rows.
 __host__ __device__ constexpr int fused_smem_bytes(int bm) { return 2 * (bm + kTileN) * kSmemRowHalves * 2; }
-constexpr int kVoltaMaxSmemPerBlock = 96 * 1024;
-
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
-  uint32_t out;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-__device__ __forceinline__ uint32_t broadcast_low(uint32_t pair) { return __byte_perm(pair, 0, 0x1010); }
-__device__ __forceinline__ uint32_t broadcast_high(uint32_t pair) { return __byte_perm(pair, 0, 0x3232); }
-__device__ __forceinline__ float2 half2_to_float2(uint32_t pair) {
-  float2 out;
-  asm("{.reg .f16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.f32.f16 %0, lo;\n cvt.f32.f16 %1, hi;}"
-      : "=f"(out.x), "=f"(out.y) : "r"(pair));
-  return out;
-}
-__device__ __forceinline__ uint32_t float2_to_half2_rn(float lo_value, float hi_value) {
-  uint32_t out;
-  asm("{.reg .f16 lo, hi;\n cvt.rn.f16.f32 lo, %1;\n cvt.rn.f16.f32 hi, %2;\n mov.b32 %0, {lo, hi};}"
-      : "=r"(out) : "f"(lo_value), "f"(hi_value));
-  return out;
-}
 
 // E4M3 bytes b0 (bits 0..7) and b1 (bits 16..23) → two fp16 equal to value · 2^-8 (exact: same exponent
 // field width offset by the bias difference 15 - 7, subnormals included).

@@ -4,6 +4,7 @@ vLLM through ``quantization="volta_nvfp4"`` and check the greedy tokens against 
 from __future__ import annotations
 
 import importlib.util
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,6 +27,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if importlib.util.find_spec("tokenizers") is None:
+        print("volta-fp4 demo: the tiny model's tokenizer needs the tokenizers package: pip install "
+              "'vllm-volta-fp4[demo]' (vLLM brings it too)", file=sys.stderr)
+        return 2
     root = Path(args.dir or tempfile.mkdtemp(prefix="volta-fp4-demo-"))
     quantized = make_tiny_checkpoint(root / f"{args.arch}-{args.format}", args.arch, args.format)
     modules = Checkpoint(quantized).validate()
