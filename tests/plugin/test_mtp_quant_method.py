@@ -18,7 +18,7 @@ from tests.conftest import requires_vllm
 from vllm_volta_fp4.testing.tiny_model import FORMATS, MTP_STORAGE
 
 QWEN = Path(__file__).parents[1] / "data" / "qwen3.8-27b-config.json"
-TINY = dict(hidden=256, intermediate=640, heads=8, kv_heads=2, head_dim=64)
+TINY = {"hidden": 256, "intermediate": 640, "heads": 8, "kv_heads": 2, "head_dim": 64}
 MTP_PREFIX = "mtp.layers.0"
 
 

@@ -94,8 +94,8 @@ def tiny_arch(arch: str) -> TinyArch | HybridArch:
     return _ARCHS[arch]
 
 
-def write_tokenizer(dest: Path, vocab_size: int = 384) -> int:
-    """Train a byte-level BPE tokenizer on a small fixed corpus; returns its vocabulary size."""
+def write_tokenizer(dest: Path, vocab_size: int = 384, corpus: list[str] | None = None) -> int:
+    """Train a byte-level BPE tokenizer on a small fixed corpus (or ``corpus``); returns its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -105,7 +105,7 @@ def write_tokenizer(dest: Path, vocab_size: int = 384) -> int:
         vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<unk>", "<|pad|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS * 20, trainer)
+    tokenizer.train_from_iterator(corpus or _CORPUS * 20, trainer)
     tokenizer.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|endoftext|>",
