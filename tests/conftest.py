@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
+from vllm_volta_fp4.testing.tiny_model import FORMATS, MTP_STORAGE, make_tiny_checkpoint
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -52,6 +52,15 @@ def tiny_checkpoints(tmp_path_factory):
     """{format: path} of tiny Llama-shaped checkpoints in every producer format (same seed, same weights)."""
     root = tmp_path_factory.mktemp("tiny")
     return {fmt: make_tiny_checkpoint(root / fmt, "llama", fmt) for fmt in FORMATS}
+
+
+@pytest.fixture(scope="session")
+def mtp_checkpoints(tmp_path_factory):
+    """{(format, mtp storage): path} of tiny Qwen3.5 checkpoints with a one-layer MTP module, in every producer
+    format, the MTP module excluded from quantization (as real exports ship it) or NVFP4 too."""
+    root = tmp_path_factory.mktemp("tiny-mtp")
+    return {(fmt, mtp): make_tiny_checkpoint(root / f"{fmt}-mtp-{mtp}", "qwen3_5", fmt, mtp=mtp)
+            for fmt in FORMATS for mtp in MTP_STORAGE}
 
 
 @pytest.fixture

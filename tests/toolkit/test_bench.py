@@ -111,3 +111,20 @@ def test_bench_against_the_cpu_server_writes_all_three_outputs(openai_server, tm
     assert table in captured.out and f"| {openai_server.max_model_len} | 4 | 8 |" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench: 4/4" in captured.err  # progress: 2 batch sizes × 2 rounds
+
+
+def test_offline_speculative_config_reaches_the_engine(monkeypatch, tmp_path, capsys):
+    from vllm_volta_fp4.toolkit import benchmark
+
+    seen = {}
+
+    def fake_bench_offline(model, protocol, engine_args):
+        seen.update(engine_args)
+        raise benchmark.BenchError("stopped after the engine arguments")
+
+    monkeypatch.setattr("vllm_volta_fp4.cli.bench.bench_offline", fake_bench_offline)
+    spec = '{"method": "mtp", "num_speculative_tokens": 3}'
+    assert main(["bench", "--offline", str(tmp_path), "--speculative-config", spec, "--no-plot"]) == 2
+    assert seen["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
+    with pytest.raises(SystemExit, match="num_speculative_tokens"):
+        main(["bench", "--offline", str(tmp_path), "--speculative-config", '{"method": "mtp"}', "--no-plot"])

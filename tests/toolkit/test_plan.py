@@ -55,13 +55,16 @@ def test_weights_match_the_hand_computation():
     plan = qwen_plan()
     weights = plan.weights
     params = hand_linear_params()
-    assert weights.nvfp4_params == params
     assert abs(params - 24.4e9) / 24.4e9 < 0.01  # the model card's "~24.4 B linear parameters"
-    # 4 bits per value + one E4M3 byte per 16 values + one fp32 global scale per matrix (7 per decoder layer)
-    matrices = FULL_LAYERS * 4 + GDN_LAYERS * 5 + (FULL_LAYERS + GDN_LAYERS) * 3
-    assert weights.nvfp4 == params // 2 + params // 16 + 4 * matrices
+    # the real exclusions ("*linear_attn.in_proj_ba*", vLLM's fused name) keep the GDN b/a projections in fp16
+    b_a = 2 * GDN_V_HEADS * H * GDN_LAYERS
+    assert weights.nvfp4_params == params - b_a
+    # 4 bits per value + one E4M3 byte per 16 values + one fp32 global scale per matrix (5 per decoder layer)
+    matrices = FULL_LAYERS * 4 + GDN_LAYERS * 3 + (FULL_LAYERS + GDN_LAYERS) * 3
+    assert weights.nvfp4 == (params - b_a) // 2 + (params - b_a) // 16 + 4 * matrices
     assert abs(weights.nvfp4 - 13.7e9) / 13.7e9 < 0.01  # "~13.7 GB at 4.5 bit"
-    assert weights.fp16_linear == V * H * 2 and weights.fp16_linear_modules == ["lm_head"]  # "~2.5 GB fp16"
+    assert weights.fp16_linear == (V * H + b_a) * 2  # lm_head "~2.5 GB fp16" and the b/a projections
+    assert weights.fp16_linear_modules[-1] == "lm_head" and len(weights.fp16_linear_modules) == 1 + 2 * GDN_LAYERS
     assert weights.embeddings == V * H * 2
     assert weights.fp8 == 0 and not weights.exact
 
@@ -123,7 +126,8 @@ def test_enforce_eager_frees_the_cuda_graph_pool():
 
 def test_flat_config_layer_types_and_interval_give_the_same_plan(tmp_path):
     config = json.loads(QWEN.read_text())
-    flat = {**config["text_config"], "architectures": config["architectures"], "tie_word_embeddings": False}
+    flat = {**config["text_config"], "architectures": config["architectures"], "tie_word_embeddings": False,
+            "quantization_config": config["quantization_config"]}
     del flat["layer_types"]  # full_attention_interval alone must give the same layer pattern
     (tmp_path / "config.json").write_text(json.dumps(flat))
     nested, plain = qwen_plan(), plan_for(tmp_path, ServeRequest(parse_gpu("v100-32gb"), 32768))
@@ -190,3 +194,40 @@ def test_cli_prints_the_plan_and_exits_by_verdict(capsys):
     assert main(["plan", str(QWEN), "--gpu", "h100", "--max-model-len", "32768"]) == 2
     assert "expected v100-32gb" in capsys.readouterr().err
 
+
+
+def hand_mtp_params() -> int:
+    attention = 2 * Q_HEADS * HEAD_DIM * H + 2 * KV_HEADS * HEAD_DIM * H + H * Q_HEADS * HEAD_DIM
+    return H * 2 * H + attention + 3 * H * I  # fc, one full-attention layer, its MLP
+
+
+def test_mtp_costs_its_fp16_weights_and_one_layers_kv_only_when_speculating(capsys):
+    plain, speculating = qwen_plan(), qwen_plan(speculative_tokens=3)
+    mtp = plain.mtp
+    assert mtp.weights.fp16_linear_params == hand_mtp_params() and mtp.weights.nvfp4_params == 0  # "*mtp*" excluded
+    assert mtp.weights.fp16_linear == hand_mtp_params() * 2
+    assert mtp.kv_bytes_per_token == 2 * KV_HEADS * HEAD_DIM * 2  # one full-attention layer, fp16 K and V
+    assert speculating.weights_per_gpu - plain.weights_per_gpu == mtp.weight_bytes
+    assert speculating.kv_bytes_per_token - plain.kv_bytes_per_token == mtp.kv_bytes_per_token
+    assert '{"method": "mtp", "num_speculative_tokens": 3}' in speculating.vllm_flags()
+    assert main(["plan", str(QWEN), "--gpu", "v100-32gb", "--max-model-len", "32768", "--speculative-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "MTP module (1 full-attention layer(s), fp16)" in out and "counted above" in out
+    assert "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}'" in out
+
+
+def test_speculating_without_an_mtp_module_is_a_clear_error(tmp_path):
+    config = json.loads(QWEN.read_text())
+    del config["text_config"]["mtp_num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert plan_for(tmp_path, ServeRequest(parse_gpu("v100-32gb"), 4096)).mtp is None
+    with pytest.raises(PlanError, match="no MTP module"):
+        plan_for(tmp_path, ServeRequest(parse_gpu("v100-32gb"), 4096, speculative_tokens=1))
+
+
+def test_checkpoint_weights_leave_the_mtp_module_to_the_speculation_line(mtp_checkpoints):
+    model_dir = mtp_checkpoints[("ct-w4a16", "unquantized")]
+    weights = weights_from_checkpoint(model_dir)
+    assert not any(module.startswith("mtp.") for module in weights.fp16_linear_modules)
+    plan = plan_for(model_dir, ServeRequest(parse_gpu("2"), 1024, speculative_tokens=1))
+    assert plan.mtp is not None and plan.mtp.weights.fp16_linear_params > 0

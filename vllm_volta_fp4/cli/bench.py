@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from vllm_volta_fp4.toolkit.benchmark import (
@@ -25,6 +26,17 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise SystemExit(f"volta-fp4 bench: {text!r} is not a comma-separated list of integers") from None
 
 
+def _speculative_config(text: str) -> dict:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"volta-fp4 bench: --speculative-config is not JSON ({error})") from None
+    if not isinstance(config, dict) or "num_speculative_tokens" not in config:
+        raise SystemExit("volta-fp4 bench: --speculative-config must be a JSON object with num_speculative_tokens, "
+                         'e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\'')
+    return config
+
+
 def add_arguments(parser) -> None:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="base URL of a running OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8000")
@@ -44,6 +56,9 @@ def add_arguments(parser) -> None:
     offline.add_argument("--dtype", default="half", help="half on a V100; float32 or bfloat16 on CPU")
     offline.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     offline.add_argument("--enforce-eager", action="store_true")
+    offline.add_argument("--speculative-config", type=_speculative_config, metavar="JSON",
+                         help='vLLM speculative decoding, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\' '
+                         "for a Qwen3.5 checkpoint's MTP head")
 
 
 def run(args) -> int:
@@ -60,7 +75,11 @@ def run(args) -> int:
         else:
             engine_args = {"quantization": args.quantization, "dtype": args.dtype,
                            "gpu_memory_utilization": args.gpu_memory_utilization, "enforce_eager": args.enforce_eager}
-            rows, target = bench_offline(args.offline, protocol, engine_args), f"offline {args.offline}"
+            target = f"offline {args.offline}"
+            if args.speculative_config:
+                engine_args["speculative_config"] = args.speculative_config
+                target += f", speculative {json.dumps(args.speculative_config)}"
+            rows = bench_offline(args.offline, protocol, engine_args)
     except BenchError as error:
         print(f"volta-fp4 bench: {error}", file=sys.stderr)
         return 2

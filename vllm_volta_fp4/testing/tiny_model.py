@@ -23,6 +23,9 @@ from vllm_volta_fp4.format.nvfp4 import quantize_fp8, quantize_nvfp4
 
 FORMATS = ("modelopt-nvfp4", "modelopt-w4a16", "modelopt-mixed", "ct-w4a16", "ct-w4a4")
 ARCHS = ("llama", "qwen3", "qwen3_5")
+MTP_STORAGE = ("unquantized", "nvfp4")
+"""How a Qwen3.5 checkpoint's MTP module is stored: excluded from quantization, as real exports ship it, or with its
+decoder layer quantized like the main model's (its fc stays in 16 bits and excluded, as ModelOpt leaves it)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class HybridArch:
     conv_kernel: int
     mrope_section: tuple[int, int, int]
     full_attention_interval: int = 4
+    mtp_layers: int = 0  # config.json's mtp_num_hidden_layers: the MTP module's decoder layers (real exports: 1)
 
 
 def qwen3_8_27b(layers: int) -> HybridArch:
@@ -90,8 +94,8 @@ def tiny_arch(arch: str) -> TinyArch | HybridArch:
     return _ARCHS[arch]
 
 
-def write_tokenizer(dest: Path, vocab_size: int = 384) -> int:
-    """Train a byte-level BPE tokenizer on a small fixed corpus; returns its vocabulary size."""
+def write_tokenizer(dest: Path, vocab_size: int = 384, corpus: list[str] | None = None) -> int:
+    """Train a byte-level BPE tokenizer on a small fixed corpus (or ``corpus``); returns its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -101,7 +105,7 @@ def write_tokenizer(dest: Path, vocab_size: int = 384) -> int:
         vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<unk>", "<|pad|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS * 20, trainer)
+    tokenizer.train_from_iterator(corpus or _CORPUS * 20, trainer)
     tokenizer.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|endoftext|>",
@@ -157,9 +161,14 @@ def random_weights(arch: TinyArch, vocab: int, seed: int = 0, device: str = "cpu
 # a projection (norms, conv1d, A_log, dt_bias, embeddings) is never a quantization target.
 _DECODER_PROJECTION = re.compile(
     r"^model\.(language_model\.)?layers\.\d+\.(self_attn|linear_attn|mlp)\.\w*proj\w*\.weight$")
+_MTP_PROJECTION = re.compile(r"^mtp\.layers\.\d+\.(self_attn|mlp)\.\w*proj\.weight$")
 _LEFT_IN_16_BITS = re.compile(r".*\.linear_attn\.in_proj_[ab]\.weight$")
 MODELOPT_EXCLUDES = ["lm_head", "model.visual*", "*.linear_attn.in_proj_a", "*.linear_attn.in_proj_b"]
 CT_IGNORE = ["lm_head", "re:model\\.visual\\..*", "re:.*\\.linear_attn\\.in_proj_[ab]$"]
+# The MTP module, as real exports exclude it (Qwen3.8-27B's ModelOpt exclude_modules has "*mtp*"), and the fc that
+# stays in 16 bits when the MTP decoder layer is quantized.
+MODELOPT_MTP_EXCLUDES, CT_MTP_IGNORE = ["*mtp*"], ["re:.*mtp.*"]
+MTP_FC_EXCLUDES = ["mtp.fc"]
 
 
 def qwen3_5_config(shape: HybridArch, vocab: int) -> dict:
@@ -175,7 +184,7 @@ def qwen3_5_config(shape: HybridArch, vocab: int) -> dict:
                 linear_value_head_dim=shape.gdn_head_dim, linear_conv_kernel_dim=shape.conv_kernel,
                 full_attention_interval=shape.full_attention_interval, layer_types=layer_types,
                 max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=0, bos_token_id=1,
-                pad_token_id=3,
+                pad_token_id=3, mtp_num_hidden_layers=shape.mtp_layers,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
                                  "mrope_interleaved": True, "mrope_section": list(shape.mrope_section)})
     vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=shape.hidden,
@@ -205,7 +214,9 @@ def qwen3_5_weights(config: dict, seed: int = 0, device: str = "cpu") -> dict[st
     return {name: tensor.detach().float().contiguous() for name, tensor in model.state_dict().items()}
 
 
-def _is_quantized_linear(name: str) -> bool:
+def _is_quantized_linear(name: str, quantize_mtp: bool = False) -> bool:
+    if _MTP_PROJECTION.match(name):
+        return quantize_mtp
     return bool(_DECODER_PROJECTION.match(name)) and not _LEFT_IN_16_BITS.match(name)
 
 
@@ -213,11 +224,12 @@ def _is_attention(name: str) -> bool:
     return ".self_attn." in name or ".linear_attn." in name
 
 
-def _quantize_tensors(weights: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+def _quantize_tensors(weights: dict[str, torch.Tensor], fmt: str,
+                      quantize_mtp: bool = False) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
         module = name.removesuffix(".weight")
-        if not _is_quantized_linear(name):
+        if not _is_quantized_linear(name, quantize_mtp):
             out[name] = tensor.to(torch.float16)
             continue
         if fmt == "modelopt-mixed" and _is_attention(name):
@@ -240,21 +252,29 @@ def _quantize_tensors(weights: dict[str, torch.Tensor], fmt: str) -> dict[str, t
     return out
 
 
-def _quant_config(fmt: str, weights: dict[str, torch.Tensor]) -> tuple[str, dict]:
+def _exclusions(producer_excludes: list[str], mtp_excludes: list[str], weights: dict[str, torch.Tensor],
+                quantize_mtp: bool) -> list[str]:
+    if not any(name.startswith("mtp.") for name in weights):
+        return producer_excludes
+    return producer_excludes + (MTP_FC_EXCLUDES if quantize_mtp else mtp_excludes)
+
+
+def _quant_config(fmt: str, weights: dict[str, torch.Tensor], quantize_mtp: bool = False) -> tuple[str, dict]:
     """(file it belongs in, config). ModelOpt NVFP4 uses the legacy hf_quant_config.json; newer ModelOpt exports
     (used here for W4A16 and mixed) and compressed-tensors put the config in config.json."""
+    modelopt_excludes = _exclusions(MODELOPT_EXCLUDES, MODELOPT_MTP_EXCLUDES, weights, quantize_mtp)
     if fmt == "modelopt-nvfp4":
         return "hf_quant_config.json", {"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": {
-            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": MODELOPT_EXCLUDES}}
+            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": modelopt_excludes}}
     if fmt.startswith("modelopt"):
         config = {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4" if fmt == "modelopt-w4a16" else
-                  "MIXED_PRECISION", "group_size": 16, "ignore": MODELOPT_EXCLUDES, "producer": {"name": "modelopt",
+                  "MIXED_PRECISION", "group_size": 16, "ignore": modelopt_excludes, "producer": {"name": "modelopt",
                   "version": "0.39.0"}}
         if fmt == "modelopt-mixed":
             config["quantized_layers"] = {
                 name.removesuffix(".weight"): ({"quant_algo": "FP8"} if _is_attention(name)
                                                else {"quant_algo": "NVFP4", "group_size": 16})
-                for name in weights if _is_quantized_linear(name)}
+                for name in weights if _is_quantized_linear(name, quantize_mtp)}
         return "config.json", config
     fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
            "dynamic": False}
@@ -262,7 +282,7 @@ def _quant_config(fmt: str, weights: dict[str, torch.Tensor]) -> tuple[str, dict
              "input_activations": {**fp4, "dynamic": "local"} if fmt == "ct-w4a4" else None}
     return "config.json", {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
                            "quantization_status": "compressed", "config_groups": {"group_0": group},
-                           "ignore": CT_IGNORE}
+                           "ignore": _exclusions(CT_IGNORE, CT_MTP_IGNORE, weights, quantize_mtp)}
 
 
 def save_sharded(tensors: dict[str, torch.Tensor], dest: Path, shards: int = 2) -> None:
@@ -282,38 +302,52 @@ def save_sharded(tensors: dict[str, torch.Tensor], dest: Path, shards: int = 2) 
 
 
 def make_tiny_checkpoint(dest: str | Path, arch: str = "llama", fmt: str = "modelopt-nvfp4", seed: int = 0,
-                         head_dim: int | None = None) -> Path:
+                         head_dim: int | None = None, mtp: str | None = None) -> Path:
     """Write a tiny random model of ``arch`` as an NVFP4 checkpoint in producer format ``fmt``; ``head_dim``
-    overrides the attention head size of the llama and qwen3 models (64) to exercise other attention kernels."""
+    overrides the attention head size of the llama and qwen3 models (64) to exercise other attention kernels;
+    ``mtp`` (one of MTP_STORAGE) adds a one-layer MTP module to the qwen3_5 model."""
     if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and fmt one of {FORMATS}")
     if head_dim is not None and not isinstance(_ARCHS[arch], TinyArch):
         raise ValueError("head_dim can be chosen for the llama and qwen3 models only")
+    if mtp is not None and (arch != "qwen3_5" or mtp not in MTP_STORAGE):
+        raise ValueError(f"mtp ({MTP_STORAGE}) can be chosen for the qwen3_5 model only")
     shape = _ARCHS[arch] if head_dim is None else dataclasses.replace(_ARCHS[arch], head_dim=head_dim)
-    return make_checkpoint(dest, shape, fmt, seed)
+    if mtp is not None:
+        shape = dataclasses.replace(shape, mtp_layers=1)
+    return make_checkpoint(dest, shape, fmt, seed, quantize_mtp=mtp == "nvfp4")
 
 
 def make_checkpoint(dest: str | Path, shape: TinyArch | HybridArch, fmt: str = "modelopt-nvfp4", seed: int = 0,
-                    device: str = "cpu") -> Path:
+                    device: str = "cpu", quantize_mtp: bool = False) -> Path:
     """Write a random model of any ``shape`` (e.g. a few layers at real widths, for benchmarks) as an NVFP4
     checkpoint in producer format ``fmt``, generated and quantized on ``device``: Llama/Qwen3 for a TinyArch,
-    Qwen3_5ForConditionalGeneration for a HybridArch."""
+    Qwen3_5ForConditionalGeneration for a HybridArch (with ``shape.mtp_layers`` MTP layers, quantized if
+    ``quantize_mtp``, else excluded as real exports exclude them)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(dest)
     if isinstance(shape, HybridArch):
         config = qwen3_5_config(shape, vocab)
-        return _write_checkpoint(dest, qwen3_5_weights(config, seed, device), config, fmt)
-    return _write_checkpoint(dest, random_weights(shape, vocab, seed, device), _hf_config(shape, vocab), fmt)
+        weights = qwen3_5_weights(config, seed, device)
+        if shape.mtp_layers:
+            from vllm_volta_fp4.testing.mtp_head import mtp_weights
+
+            weights.update({name: tensor.to(device) for name, tensor in mtp_weights(config, seed + 1).items()})
+        return write_checkpoint(dest, weights, config, fmt, quantize_mtp)
+    return write_checkpoint(dest, random_weights(shape, vocab, seed, device), _hf_config(shape, vocab), fmt)
 
 
-def _write_checkpoint(dest: Path, weights: dict[str, torch.Tensor], config: dict, fmt: str) -> Path:
-    config_file, quant_config = _quant_config(fmt, weights)
+def write_checkpoint(dest: Path, weights: dict[str, torch.Tensor], config: dict, fmt: str,
+                     quantize_mtp: bool = False) -> Path:
+    """Quantize float ``weights`` (Hugging Face names, plus ``mtp.*``) into ``dest`` as producer format ``fmt``
+    writes them, with ``config`` as config.json (a tokenizer must already be there)."""
+    config_file, quant_config = _quant_config(fmt, weights, quantize_mtp)
     if config_file == "config.json":
         config["quantization_config"] = quant_config
     else:
         (dest / config_file).write_text(json.dumps(quant_config, indent=1))
     (dest / "config.json").write_text(json.dumps(config, indent=1))
     (dest / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 0}))
-    save_sharded(_quantize_tensors(weights, fmt), dest)
+    save_sharded(_quantize_tensors(weights, fmt, quantize_mtp), dest)
     return dest

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +119,7 @@ class ModelShape:
     ssm_state_bytes: int  # per element of the recurrent state (config's mamba_ssm_dtype, else fp16)
     layer_prefix: str
     quant_config: dict | None
+    mtp_layers: int = 0  # mtp_num_hidden_layers: the MTP module's full-attention layers (loaded only to speculate)
 
     @property
     def full_attention_layers(self) -> int:
@@ -194,7 +196,7 @@ def model_shape(config: dict, where: Path) -> ModelShape:
         layer_kinds=kinds, tie_word_embeddings=bool(tie), qk_norm=text.get("model_type", "").startswith("qwen3"),
         gdn=gdn, ssm_state_bytes=_TORCH_DTYPE_BYTES[ssm_dtype],
         layer_prefix="model.language_model.layers" if "text_config" in config else "model.layers",
-        quant_config=config.get("quantization_config"))
+        quant_config=config.get("quantization_config"), mtp_layers=int(text.get("mtp_num_hidden_layers") or 0))
 
 
 @dataclass
@@ -260,6 +262,8 @@ def weights_from_checkpoint(model_dir: str | Path) -> WeightBytes:
     fused_params: dict[str, int] = {}
     per_module: dict[str, int] = {}
     for name, info in checkpoint.tensors.items():
+        if name.startswith(MTP_PREFIX):  # loaded only with speculative decoding: see mtp_cost
+            continue
         module = name.rpartition(".")[0]
         count = math.prod(info.shape)
         dtype_bytes = _DTYPE_BYTES.get(info.dtype)
@@ -283,18 +287,22 @@ def weights_from_checkpoint(model_dir: str | Path) -> WeightBytes:
     return weights
 
 
+def _attention_shapes(shape: ModelShape, prefix: str) -> list[tuple[str, int, int]]:
+    q_rows = shape.heads * shape.head_dim * (2 if shape.attn_output_gate else 1)  # the gate rides on q_proj
+    kv_rows = shape.kv_heads * shape.head_dim
+    return [(f"{prefix}.self_attn.q_proj", q_rows, shape.hidden), (f"{prefix}.self_attn.k_proj", kv_rows, shape.hidden),
+            (f"{prefix}.self_attn.v_proj", kv_rows, shape.hidden),
+            (f"{prefix}.self_attn.o_proj", shape.hidden, shape.heads * shape.head_dim)]
+
+
 def linear_shapes(shape: ModelShape) -> list[tuple[str, int, int]]:
     """(module, rows, cols) of every weight matrix of the model, named as Hugging Face checkpoints name them."""
     h, i = shape.hidden, shape.intermediate
-    q_rows = shape.heads * shape.head_dim * (2 if shape.attn_output_gate else 1)  # the gate rides on q_proj
-    kv_rows = shape.kv_heads * shape.head_dim
     matrices = [("model.embed_tokens", shape.vocab, h)]
     for index, kind in enumerate(shape.layer_kinds):
         prefix = f"{shape.layer_prefix}.{index}"
         if kind == "full":
-            matrices += [(f"{prefix}.self_attn.q_proj", q_rows, h), (f"{prefix}.self_attn.k_proj", kv_rows, h),
-                         (f"{prefix}.self_attn.v_proj", kv_rows, h),
-                         (f"{prefix}.self_attn.o_proj", h, shape.heads * shape.head_dim)]
+            matrices += _attention_shapes(shape, prefix)
         else:
             gdn = shape.gdn
             matrices += [(f"{prefix}.linear_attn.in_proj_qkv", gdn.conv_dim, h),
@@ -333,12 +341,60 @@ def weights_from_config(shape: ModelShape) -> WeightBytes:
     for module, rows, cols in linear_shapes(shape):
         if "embed" in module or module == "lm_head":
             kind = quant.scheme_for(module).kind if quant and module == "lm_head" else UNQUANTIZED
+        elif quant and quant.is_excluded(_fused_name(module)):  # exclusions may name vLLM's fused layer
+            kind = UNQUANTIZED
         else:
             kind = quant.scheme_for(module).kind if quant else NVFP4
         _add_linear(weights, fused_params, module, kind, rows * cols, _stored_bytes(kind, rows, cols))
     weights.other = _small_tensor_params(shape) * FP16_BYTES
     weights.largest_fused_params = max(fused_params.values(), default=0)
     return weights
+
+
+MTP_PREFIX = "mtp."
+
+
+def mtp_linear_shapes(shape: ModelShape) -> list[tuple[str, int, int]]:
+    """(module, rows, cols) of the MTP module's matrices, as Qwen3.5 checkpoints name them: fc [h, 2h] and full-
+    attention decoder layers (embedding and lm_head are the main model's)."""
+    h, i = shape.hidden, shape.intermediate
+    matrices = [("mtp.fc", h, 2 * h)]
+    for index in range(shape.mtp_layers):
+        prefix = f"mtp.layers.{index}"
+        matrices += _attention_shapes(shape, prefix) + [(f"{prefix}.mlp.gate_proj", i, h),
+                                                         (f"{prefix}.mlp.up_proj", i, h),
+                                                         (f"{prefix}.mlp.down_proj", h, i)]
+    return matrices
+
+
+@dataclass(frozen=True)
+class MtpCost:
+    """What speculative decoding with the checkpoint's MTP module adds: its weights and its layers' KV cache."""
+
+    weights: WeightBytes
+    kv_bytes_per_token: int  # per GPU
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weights.total
+
+
+def mtp_cost(shape: ModelShape, tensor_parallel: int = 1) -> MtpCost | None:
+    """None for a model without an MTP module. Matrices are stored as the config's quantization section says
+    (real exports exclude "*mtp*": fp16), fp16 without one; the fc is always fp16 (ModelOpt keeps it so)."""
+    if not shape.mtp_layers:
+        return None
+    quant = parse_quant_config(shape.quant_config) if shape.quant_config else None
+    weights = WeightBytes(source="estimated from config.json shapes")
+    for module, rows, cols in mtp_linear_shapes(shape):
+        kind = UNQUANTIZED
+        if quant and module != "mtp.fc" and not quant.is_excluded(_fused_name(module)):
+            kind = quant.scheme_for(module).kind
+        _add_linear(weights, {}, module, kind, rows * cols, _stored_bytes(kind, rows, cols))
+    norms = 3 * shape.hidden + shape.mtp_layers * (2 * shape.hidden + (2 * shape.head_dim if shape.qk_norm else 0))
+    weights.other = norms * FP16_BYTES
+    kv_heads_per_gpu = max(1, shape.kv_heads // tensor_parallel)
+    return MtpCost(weights, shape.mtp_layers * 2 * kv_heads_per_gpu * shape.head_dim * FP16_BYTES)
 
 
 @dataclass(frozen=True)
@@ -349,6 +405,7 @@ class ServeRequest:
     tensor_parallel: int = 1
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
+    speculative_tokens: int = 0  # MTP speculative decoding with this many draft tokens (0: off)
 
     def __post_init__(self):
         for name in ("max_model_len", "tensor_parallel"):
@@ -358,6 +415,8 @@ class ServeRequest:
             raise PlanError("--max-num-seqs must be at least 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise PlanError("--max-num-batched-tokens must be at least 1")
+        if self.speculative_tokens < 0:
+            raise PlanError("--speculative-tokens must be 0 (off) or more")
 
 
 @dataclass
@@ -377,6 +436,7 @@ class MemoryPlan:
     kv_space_bytes: int
     max_num_seqs: int
     longest_fitting_len: int  # the longest max-model-len that fits at the highest utilisation tried
+    mtp: MtpCost | None = None  # the MTP module's cost (counted in the plan only with speculative_tokens)
 
     @property
     def fixed_bytes(self) -> int:
@@ -405,6 +465,9 @@ class MemoryPlan:
             flags += ["--tensor-parallel-size", str(self.request.tensor_parallel)]
         if self.request.enforce_eager:
             flags.append("--enforce-eager")
+        if self.request.speculative_tokens:
+            flags += ["--speculative-config",
+                      json.dumps({"method": "mtp", "num_speculative_tokens": self.request.speculative_tokens})]
         return flags
 
 
@@ -440,9 +503,16 @@ def activation_bytes(shape: ModelShape, batched_tokens: int, max_num_seqs: int, 
 
 def plan_memory(shape: ModelShape, weights: WeightBytes, request: ServeRequest) -> MemoryPlan:
     tp = request.tensor_parallel
+    mtp = mtp_cost(shape, tp)
+    if request.speculative_tokens and mtp is None:
+        raise PlanError(f"{shape.name} has no MTP module (no mtp_num_hidden_layers in its config), so there is "
+                        "nothing to speculate with; drop --speculative-tokens")
+    speculating = bool(request.speculative_tokens)
     # Embeddings, lm_head and linear layers are split across GPUs; norms and the like are replicated.
     weights_per_gpu = (weights.total - weights.other) // tp + weights.other
-    kv_token = kv_bytes_per_token(shape, tp)
+    if speculating:
+        weights_per_gpu += (mtp.weights.total - mtp.weights.other) // tp + mtp.weights.other
+    kv_token = kv_bytes_per_token(shape, tp) + (mtp.kv_bytes_per_token if speculating else 0)
     state_seq = state_bytes_per_sequence(shape, tp)
     scratch = weights.largest_fused_params // tp * FP16_BYTES  # dequantize + cuBLAS path of large batches
     graphs = 0 if request.enforce_eager else CUDA_GRAPH_POOL_BYTES
@@ -466,7 +536,7 @@ def plan_memory(shape: ModelShape, weights: WeightBytes, request: ServeRequest) 
         state_bytes_per_sequence=state_seq, activation_bytes=activation_bytes(shape, batched, seqs, tp),
         dequant_scratch_bytes=scratch, cuda_graph_bytes=graphs, non_torch_bytes=NON_TORCH_BYTES,
         batched_tokens=batched, gpu_memory_utilization=utilization, kv_space_bytes=kv_space(utilization, seqs, batched),
-        max_num_seqs=seqs, longest_fitting_len=longest)
+        max_num_seqs=seqs, longest_fitting_len=longest, mtp=mtp)
 
 
 def plan_for(path: str | Path, request: ServeRequest) -> MemoryPlan:
@@ -485,6 +555,20 @@ def _count(params: int) -> str:
 
 def _gib(value: int) -> str:
     return f"{value / GIB:8.2f} GiB" if value >= GIB else f"{value / MIB:8.1f} MiB"
+
+
+def _mtp_lines(plan: MemoryPlan) -> list[str]:
+    mtp, tp = plan.mtp, plan.request.tensor_parallel
+    if mtp is None:
+        return []
+    on = plan.request.speculative_tokens
+    kinds = ", ".join(sorted({kind for kind, params in (("NVFP4", mtp.weights.nvfp4_params),
+                                                        ("FP8", mtp.weights.fp8_params),
+                                                        ("fp16", mtp.weights.fp16_linear_params)) if params}))
+    return [f"MTP module ({plan.shape.mtp_layers} full-attention layer(s), {kinds}): weights "
+            f"{_gib(mtp.weights.total // tp).strip()} + KV cache {mtp.kv_bytes_per_token / 1024:.1f} KiB/token — "
+            + (f"counted above (speculating {on} tokens)" if on else "not counted (add --speculative-tokens K "
+               "to plan MTP speculative decoding)")]
 
 
 def format_plan(plan: MemoryPlan) -> str:
@@ -512,6 +596,7 @@ def format_plan(plan: MemoryPlan) -> str:
         f"KV cache: {plan.kv_bytes_per_token / 1024:.1f} KiB/token ({shape.full_attention_layers} full-attention "
         "layers, fp16)" + (f" + {plan.state_bytes_per_sequence / MIB:.1f} MiB recurrent state/sequence "
                             f"({shape.linear_attention_layers} Gated-DeltaNet layers)" if shape.gdn else ""),
+        *_mtp_lines(plan),
         f"KV cache space {_gib(max(0, plan.kv_space_bytes))} → {plan.full_length_sequences} sequence(s) of "
         f"{request.max_model_len} tokens at once ({plan.bytes_per_full_sequence / GIB:.2f} GiB each)",
     ]
@@ -520,7 +605,7 @@ def format_plan(plan: MemoryPlan) -> str:
         if request.max_num_seqs and request.max_num_seqs > plan.full_length_sequences:
             lines.append(f"  note: only {plan.full_length_sequences} of {request.max_num_seqs} sequences can reach "
                          "max-model-len together; vLLM preempts the others when they grow that long")
-        lines.append("vLLM flags: " + " ".join(plan.vllm_flags()))
+        lines.append("vLLM flags: " + " ".join(shlex.quote(flag) for flag in plan.vllm_flags()))
     else:
         lines.append(f"verdict: DOES NOT FIT — one {request.max_model_len}-token sequence needs "
                      f"{plan.bytes_per_full_sequence / GIB:.2f} GiB, {max(0, plan.kv_space_bytes) / GIB:.2f} GiB "

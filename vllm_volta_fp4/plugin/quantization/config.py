@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from vllm_volta_fp4.format.checkpoint import FP8, NVFP4, CheckpointError, QuantFormat, parse_quant_config
+from vllm_volta_fp4.format.checkpoint import FP8, MODELOPT, NVFP4, CheckpointError, QuantFormat, parse_quant_config
 from vllm_volta_fp4.plugin.compat import (
     LinearBase,
     QuantizationConfig,
@@ -96,12 +96,23 @@ class VoltaNvfp4Config(QuantizationConfig):
             renamed = hf_to_vllm_mapper.apply_list(list(fmt.layer_schemes))
             fmt.layer_schemes = dict(zip(renamed, fmt.layer_schemes.values(), strict=True))
 
+    def _left_unquantized(self, prefix: str) -> bool:
+        """Layers stored in 16 bits whatever their shards say: those the exclusions name by vLLM's fused name (real
+        exports list "*linear_attn.in_proj_ba*"), and the MTP module's fc of ModelOpt exports, which ModelOpt keeps
+        in 16 bits without always listing it (vLLM >= 0.20 forces it unquantized for modelopt_fp4 likewise)."""
+        if self.quant_format.is_excluded(prefix):
+            return True
+        is_mtp_fc = prefix == "mtp.fc" or prefix.endswith(".mtp.fc")
+        return is_mtp_fc and self.quant_format.producer == MODELOPT
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if not isinstance(layer, LinearBase):
             if type(layer).__name__ in ("FusedMoE", "RoutedExperts"):
                 raise NotImplementedError(f"volta_nvfp4: '{prefix}' is a mixture-of-experts layer, which volta_nvfp4 "
                                           "does not serve yet")
             return None  # attention keeps an fp16 KV cache; embeddings stay unquantized
+        if self._left_unquantized(prefix):
+            return UnquantizedLinearMethod()
         shards = self.packed_modules_mapping.get(prefix.rpartition(".")[2])
         scheme = self.quant_format.scheme_for_fused(prefix, shards)
         if scheme.kind == NVFP4:

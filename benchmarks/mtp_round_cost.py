@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""What MTP speculation buys at Qwen3.8-27B widths: the cost of one speculative round (K drafts through the MTP
+layer + verification of K + 1 tokens) against a plain decode step, batch 1, K = 1..7, with volta_nvfp4 in vLLM's
+default mode (torch.compile + CUDA graphs, native custom ops) or eager.
+
+Model: ``--layers`` decoder layers of Qwen3.8-27B (tiny_model.qwen3_8_27b: 3 Gated-DeltaNet : 1 full attention) plus
+its one-layer MTP module, random weights made on the GPU, NVFP4 (MTP excluded, as real exports ship it). Random
+weights accept almost no drafts, so every engine step is one whole round; the round count comes from vLLM's
+spec-decode counters (drafts), and the round time is the decode time divided by the rounds. Wall-clock: decode
+time of N extra tokens over the same prompt with one token (as benchmarks/throughput_e2e.py measures decode); GPU
+time: the sum of kernel times per round from the torch profiler. Implied tok/s at acceptance length L: L / round.
+
+    python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8] [--max-k 7] [--eager]
+
+Not run yet (no GPU was lent when it was written): scripts/gpu/run_mtp_gpu.sh runs it with the lossless tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+PUBLISHED_ACCEPTANCE = "2.8-3.8 at K = 3 (the figures issue #16 quotes for Qwen3.8 MTP; source to be re-checked)"
+
+
+def _engine(model: str, k: int | None, eager: bool, max_len: int):
+    from vllm import LLM
+
+    from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, supported_engine_args
+
+    settings = {**WITHOUT_VLLM_KERNELS, "model": model, "quantization": "volta_nvfp4", "dtype": "float16",
+                "max_model_len": max_len, "max_num_seqs": 1, "gpu_memory_utilization": 0.85,
+                "enable_prefix_caching": False, "language_model_only": True, "gdn_prefill_backend": "triton",
+                "attention_backend": "CUSTOM", "seed": 0}
+    if not eager:
+        settings.update(enforce_eager=False, compilation_config={"custom_ops": ["none"]})
+    if k:
+        settings["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
+    return LLM(**supported_engine_args(settings))
+
+
+def _drafts(llm) -> float:
+    try:
+        return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name.endswith("spec_decode_num_drafts"))
+    except AttributeError:
+        return float("nan")
+
+
+def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
+    from vllm import SamplingParams
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                     use_tqdm=False)
+        return time.perf_counter() - start
+
+    timed(tokens)  # warm-up
+    return statistics.median(timed(tokens + 1) - timed(1) for _ in range(3))
+
+
+def _gpu_seconds(llm, prompt: list[int], tokens: int) -> float:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import SamplingParams
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=tokens, temperature=0.0,
+                                                                    ignore_eos=True), use_tqdm=False)
+        torch.cuda.synchronize()
+    return sum(event.device_time_total for event in prof.key_averages()) / 1e6
+
+
+def measure(model: str, k: int | None, eager: bool, tokens: int) -> dict:
+    import torch
+
+    prompt = [(7 * i + 11) % 300 + 5 for i in range(64)]
+    llm = _engine(model, k, eager, 64 + 4 * tokens)
+    try:
+        wall = _decode_seconds(llm, prompt, tokens)  # time of `tokens` decoded tokens
+        before = _drafts(llm)
+        gpu = _gpu_seconds(llm, prompt, tokens)  # one generate of `tokens` tokens: its rounds are its drafts
+        rounds = (_drafts(llm) - before) if k else tokens
+        rounds = rounds if rounds == rounds and rounds > 0 else tokens  # no counters: one round per token
+        return {"k": k or 0, "wall_ms_per_round": 1e3 * wall / rounds, "gpu_ms_per_round": 1e3 * gpu / rounds,
+                "tokens_per_round": tokens / rounds}
+    finally:
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def table(rows: list[dict], args) -> str:
+    plain = rows[0]
+    lines = [f"# MTP round cost at Qwen3.8-27B widths ({args.layers} layers + MTP), batch 1, "
+             f"{'eager' if args.eager else 'default mode'}", "",
+             f"Date {datetime.date.today()}, commit {args.commit}, GPU {args.gpu}.", "",
+             f"Implied tok/s use acceptance length L = 3 ({PUBLISHED_ACCEPTANCE}).", "",
+             "| K | wall ms / round | × plain step | GPU ms / round | × plain step | implied tok/s at L=3 |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['k'] or 'plain'} | {row['wall_ms_per_round']:.2f} | "
+                     f"{row['wall_ms_per_round'] / plain['wall_ms_per_round']:.2f} | {row['gpu_ms_per_round']:.2f} | "
+                     f"{row['gpu_ms_per_round'] / plain['gpu_ms_per_round']:.2f} | "
+                     f"{(3 if row['k'] else 1) * 1e3 / row['wall_ms_per_round']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--gpu", default=os.environ.get("GPU_NAME", "unknown"))
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--max-k", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--eager", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm_volta_fp4
+    from devkit.engine import use_torch_allocator_for_triton
+    from vllm_volta_fp4.testing.tiny_model import make_checkpoint, qwen3_8_27b
+
+    vllm_volta_fp4.register()
+    use_torch_allocator_for_triton()
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1)
+        make_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda")
+        rows = [measure(tmp, k, args.eager, args.tokens) for k in [None, *range(1, args.max_k + 1)]]
+    text = table(rows, args)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
