@@ -49,8 +49,9 @@ def expand_to_rows(per_shard: torch.Tensor, output_partition_sizes: list[int]) -
 
 
 def runs_our_kernels(tensor: torch.Tensor) -> bool:
-    """The CUDA kernels take ``tensor``: it lives on a CUDA device and the extension is built."""
-    return tensor.is_cuda and linear.is_available()
+    """The CUDA kernels take ``tensor``: it lives on a CUDA device and the extension is built. Called inside the
+    compiled forward (apply): reads a value fixed at import, nothing Dynamo would have to skip."""
+    return linear.runs_on(tensor)
 
 
 class QuantizedLinearMethod(LinearMethodBase):
