@@ -26,6 +26,21 @@ def engine_model(llm):
         return None
 
 
+def cuda_graph_modes(llm) -> dict[str, object]:
+    """What an in-process engine's model runner settled on for CUDA graphs: ``mode`` (the CUDAGraphMode name after
+    vLLM's downgrades for the attention backends' support) and how many FULL and PIECEWISE graphs its dispatcher
+    holds (``full``, ``piecewise``). Empty where the runner cannot be reached (see engine_model)."""
+    try:
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    except AttributeError:
+        return {}
+    from vllm.config import CUDAGraphMode
+
+    keys = getattr(runner.cudagraph_dispatcher, "cudagraph_keys", {})
+    return {"mode": runner.compilation_config.cudagraph_mode.name,
+            "full": len(keys.get(CUDAGraphMode.FULL, ())), "piecewise": len(keys.get(CUDAGraphMode.PIECEWISE, ()))}
+
+
 def attention_impls(llm) -> set[str]:
     """Class names of the attention implementations an in-process engine really runs; empty when they cannot be
     reached from here (see engine_model)."""

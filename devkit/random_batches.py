@@ -133,3 +133,53 @@ class RandomGdnBatch:
     @property
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
+
+
+class PersistentAttentionInputs:
+    """Attention inputs in buffers allocated once, as vLLM's model runner keeps them, so that a CUDA graph captured
+    on one batch can be replayed on others. ``load`` copies a RandomPagedBatch in, padded the way vLLM pads a batch
+    to a captured size: sequences past the batch have query length 0 (query_start_loc repeats its last value),
+    seq_len 0 and a block table of ``pad_block``; tokens past the batch have slot -1 and random queries."""
+
+    def __init__(self, max_seqs: int, max_tokens: int, max_blocks_per_seq: int, num_blocks: int, num_heads: int,
+                 num_kv_heads: int, head_size: int, block_size: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float16, pad_block: int = 0):
+        def buffer(*shape, dtype=dtype):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.pad_block = pad_block
+        self.query, self.out = buffer(max_tokens, num_heads, head_size), buffer(max_tokens, num_heads, head_size)
+        self.new_key = buffer(max_tokens, num_kv_heads, head_size)
+        self.new_value = buffer(max_tokens, num_kv_heads, head_size)
+        self.kv_cache = buffer(num_blocks, 2, block_size, num_kv_heads, head_size)
+        self.block_table = buffer(max_seqs, max_blocks_per_seq, dtype=torch.int32)
+        self.query_start_loc = buffer(max_seqs + 1, dtype=torch.int32)
+        self.seq_lens = buffer(max_seqs, dtype=torch.int32)
+        self.slot_mapping = buffer(max_tokens, dtype=torch.int64)
+
+    def load(self, batch: RandomPagedBatch, num_seqs: int, num_tokens: int, seed: int = 0) -> None:
+        real_seqs, real_tokens = len(batch.seqs), batch.query.shape[0]
+        assert real_seqs <= num_seqs and real_tokens <= num_tokens
+        generator = torch.Generator().manual_seed(seed)
+        self.kv_cache.fill_(float("nan"))
+        self.kv_cache[: batch.kv_cache.shape[0]].copy_(batch.kv_cache)
+        self.block_table.fill_(self.pad_block)
+        self.block_table[:real_seqs, : batch.block_table.shape[1]].copy_(batch.block_table)
+        self.query_start_loc.fill_(real_tokens)
+        self.query_start_loc[: real_seqs + 1].copy_(batch.query_start_loc)
+        self.seq_lens.zero_()
+        self.seq_lens[:real_seqs].copy_(batch.seq_lens)
+        self.slot_mapping.fill_(-1)
+        self.slot_mapping[:real_tokens].copy_(batch.slot_mapping)
+        for name in ("query", "new_key", "new_value"):
+            target, source = getattr(self, name), getattr(batch, name)
+            target.copy_(torch.randn(target.shape, generator=generator).to(target.dtype))  # padding: any values
+            target[:real_tokens].copy_(source)
+        self.out.fill_(float("nan"))
+
+    def views(self, num_seqs: int, num_tokens: int) -> dict[str, torch.Tensor]:
+        """The buffers as one forward of ``num_seqs`` sequences and ``num_tokens`` tokens sees them."""
+        return {"query": self.query[:num_tokens], "out": self.out[:num_tokens], "new_key": self.new_key[:num_tokens],
+                "new_value": self.new_value[:num_tokens], "kv_cache": self.kv_cache,
+                "block_table": self.block_table[:num_seqs], "query_start_loc": self.query_start_loc[: num_seqs + 1],
+                "seq_lens": self.seq_lens[:num_seqs], "slot_mapping": self.slot_mapping[:num_tokens]}

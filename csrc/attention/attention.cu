@@ -179,9 +179,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
     splits = blocks >= target_blocks ? 1 : std::min((target_blocks + blocks - 1) / blocks,
                                                     (max_kv_tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
   }
-  splits = std::max<int64_t>(1, std::min<int64_t>({splits, max_kv_tiles, kMaxSplits}));
-  p.kv_tiles_per_split = int((max_kv_tiles + splits - 1) / splits);
-  p.splits = int((max_kv_tiles + p.kv_tiles_per_split - 1) / p.kv_tiles_per_split);
+  // The count depends on the launch shape and max_seq_len only (host values a CUDA graph keeps); each block
+  // divides its own KV tiles among the splits (attention.cuh, "Work split").
+  p.splits = int(std::max<int64_t>(1, std::min<int64_t>({splits, max_kv_tiles, kMaxSplits})));
   at::Tensor partial_out, partial_lse;
   if (p.splits > 1) {
     partial_out = at::empty({p.splits, num_tokens, num_heads, head_size}, query.options().dtype(at::kFloat));

@@ -20,9 +20,13 @@
 // Grid (row tiles, num_kv_heads, splits). Sequence s owns row tiles tile_base(s) … tile_base(s+1)−1 with
 // tile_base(s) = ⌊query_start_loc[s] · group / 64⌋ + s, which bounds the grid by num_tokens·group/64 +
 // num_seqs without reading the batch on the host; a block finds its sequence by binary search, and a block
-// past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see. With one split the
+// past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see: that share is
+// computed here from the block's own key range (⌈tiles / splits⌉), so the host fixes only the split count, and a
+// launch captured in a CUDA graph stays correct for any sequence lengths it is replayed with. With one split the
 // block writes fp16 output; with several it writes O/l and log2-sum-exp in fp32 and combine_splits_kernel
-// merges them (decode and small batches with long contexts, where row tiles alone cannot fill the GPU).
+// merges them (decode and small batches with long contexts, where row tiles alone cannot fill the GPU). Tokens
+// past query_start_loc[num_seqs] (vLLM's padding of a captured batch) belong to no sequence: the combine writes
+// zeros there (with one split nothing is written).
 //
 // ─── Block (4 warps, 64 rows, 64-key tiles) ─────────────────────────────────────────────────────────────────
 // Warp w owns rows 16w … 16w+15 (so softmax statistics never leave the warp). Per KV tile:
@@ -110,7 +114,7 @@ struct PagedAttentionParams {
   int num_seqs, num_tokens, num_heads, group, block_size;
   int window;          // sliding window in tokens; 0 = none
   float scale_log2;    // softmax scale · log2(e)
-  int kv_tiles_per_split, splits;
+  int splits;  // KV splits per row tile (grid z); each block takes ⌈its KV tiles / splits⌉ of them
 };
 
 __device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq) {
@@ -164,8 +168,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int first_pos = context + row0 / p.group;
   const int last_pos = context + (min(row0 + kBlockRows, rows) - 1) / p.group;
   const int key_begin = p.window > 0 ? max(0, first_pos - p.window + 1) : 0;
-  const int tile_first = key_begin / kTileKeys + split * p.kv_tiles_per_split;
-  const int tile_end = min((last_pos + kTileKeys) / kTileKeys, tile_first + p.kv_tiles_per_split);
+  const int tiles_begin = key_begin / kTileKeys, tiles_end = (last_pos + kTileKeys) / kTileKeys;
+  const int tiles_per_split = (max(tiles_end - tiles_begin, 0) + p.splits - 1) / p.splits;
+  const int tile_first = tiles_begin + split * tiles_per_split;
+  const int tile_end = min(tiles_end, tile_first + tiles_per_split);
 
   // Q tile → smem (rows past the sequence are zero).
   for (int v = tid; v < kBlockRows * kChunks; v += kThreadsPerBlock) {
@@ -375,6 +381,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 template <int HeadDim>
 __global__ void __launch_bounds__(HeadDim / 2) combine_splits_kernel(const PagedAttentionParams p) {
   const int token = blockIdx.x, head = blockIdx.y, dim = threadIdx.x * 2;
+  if (token >= p.query_start_loc[p.num_seqs]) {  // padding: no split wrote its partials
+    *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) = 0u;
+    return;
+  }
   const int64_t stride = int64_t(p.num_tokens) * p.num_heads, first = int64_t(token) * p.num_heads + head;
   float max_lse = negative_infinity();
   for (int s = 0; s < p.splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[first + s * stride]);

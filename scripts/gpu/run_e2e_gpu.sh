@@ -9,7 +9,11 @@
 # (our GDN kernels inside vLLM's GDN layer) under each vLLM version.
 # Phase 2: the tensor-parallel-2 tests over both GPUs, each vLLM version. Logs and tables land in $OUT.
 # On a one-GPU machine phase 1 runs one after the other on GPU 0 and phase 2 is skipped.
-# SKIP="throughput kernel-tests tp2" leaves those parts out.
+# SKIP="throughput kernel-tests tp2" leaves those parts out. E2E_SELECT (pytest -k, default: eager engines only) picks
+# the end-to-end tests, E2E_TIMEOUT their time per vLLM version; the default-mode engines (torch.compile + CUDA
+# graphs, ~1 min each) go in calls of their own, e.g. SKIP="throughput kernel-tests tp2" E2E_SELECT="default-mode and
+# llama" (then "... and qwen3 and not qwen3_5", "... and qwen3_5"); the CUDA graph modes vLLM chose land in
+# $OUT/graph-modes-VERSION.jsonl.
 set -uo pipefail
 VERSIONS=${VERSIONS:-"0.20.2 0.19.1"}
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
@@ -36,7 +40,8 @@ fi
 e2e() {  # e2e VERSION GPUS PYTEST_ARGS... → $OUT/e2e-VERSION[-tp].log
   local version=$1 devices=$2 log=$3; shift 3
   CUDA_VISIBLE_DEVICES=$devices PYTHONPATH=${SITES[$version]}:$PYTHONPATH \
-    timeout 480 "${pin_tests[@]}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_end_to_end.py \
+    VOLTA_FP4_GRAPH_MODES_FILE=$OUT/graph-modes-$version.jsonl timeout "${E2E_TIMEOUT:-480}" "${pin_tests[@]}" \
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_end_to_end.py \
     tests/gpu/test_gdn_plugin_gpu.py "$@" > "$log" 2>&1
 }
 
@@ -49,7 +54,8 @@ pids=()
 skip kernel-tests ||
 CUDA_VISIBLE_DEVICES=$second timeout 360 "${pin_tests[@]}" python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu \
   --ignore tests/gpu/test_vllm_end_to_end.py --ignore tests/gpu/test_gdn_plugin_gpu.py > "$OUT/gpu-tests.log" 2>&1 & pids+=($!)
-for version in $VERSIONS; do e2e "$version" "$second" "$OUT/e2e-$version.log" -k "not tensor_parallel" & pids+=($!); done
+for version in $VERSIONS; do e2e "$version" "$second" "$OUT/e2e-$version.log" \
+  -k "not tensor_parallel and (${E2E_SELECT:-not default-mode})" & pids+=($!); done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 wait $throughput || status=1
 skip kernel-tests || echo "kernel tests: $(summary "$OUT/gpu-tests.log")"
@@ -61,7 +67,7 @@ fi
 if (( gpus > 1 )) && ! skip tp2; then
   step "phase 2: tensor parallel 2"
   pids=()
-  for version in $VERSIONS; do e2e "$version" 0,1 "$OUT/e2e-$version-tp2.log" -k tensor_parallel & pids+=($!); done
+  for version in $VERSIONS; do e2e "$version" 0,1 "$OUT/e2e-$version-tp2.log" -k "tensor_parallel and not default-mode" & pids+=($!); done
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   for version in $VERSIONS; do echo "vLLM $version tensor parallel 2: $(summary "$OUT/e2e-$version-tp2.log")"; done
 fi

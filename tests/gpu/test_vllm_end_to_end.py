@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from devkit.engine import attention_impls
+from devkit.engine import attention_impls, cuda_graph_modes
 from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, Generation, generate_with, supported_engine_args
 from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
@@ -56,6 +56,13 @@ ENGINE = {
     "seed": 0,
     "async_scheduling": False,
 }
+# vLLM's default mode as users run it (torch.compile, CUDA graphs), still without vLLM's compiled kernels: Inductor
+# writes the norms, rotary and activations (custom_ops none). A few capture sizes keep the engine start short.
+DEFAULT_MODE = {"enforce_eager": False,
+                "compilation_config": {"custom_ops": ["none"], "cudagraph_capture_sizes": [1, 2, 4, 8]}}
+MODES = {"eager": {}, "default-mode": DEFAULT_MODE}
+# Where the graph modes vLLM chose are appended (JSON lines), for the closing note; unset: not recorded.
+GRAPH_MODES_FILE = os.environ.get("VOLTA_FP4_GRAPH_MODES_FILE")
 # In-process engine core, so the test can see which attention implementation the engine really runs; offline;
 # tensor-parallel workers spawned (this process has initialised CUDA, which a forked worker cannot use).
 ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
@@ -84,6 +91,7 @@ class Runs:
     def __init__(self, root: Path):
         self.root = root
         self.cache: dict[tuple, tuple[set[str], list[Generation], list[Generation]]] = {}
+        self.graph_modes: dict[tuple, dict] = {}
 
     def checkpoint(self, arch: str, fmt: str, head_dim: int | None = None) -> Path:
         path = self.root / f"{arch}-{fmt}-{head_dim or 'default'}"
@@ -100,18 +108,42 @@ class Runs:
     def run(self, model: Path, **settings) -> tuple[set[str], list[Generation], list[Generation]]:
         """(attention impls, first pass, second pass from cached prefixes). Unquantized models that hold the same
         weights (the dense form of the NVFP4 formats) share one run."""
-        key = (_weights_digest(model), json.dumps(settings, sort_keys=True))
+        key = self.key(model, settings)
         if key not in self.cache:
             llm = start_engine({**ENGINE, "model": str(model), **settings})
             try:
                 first = generate_with(llm, PROMPTS, MAX_TOKENS)
                 second = generate_with(llm, PROMPTS, MAX_TOKENS)
                 self.cache[key] = (attention_impls(llm), first, second)
+                self.graph_modes[key] = cuda_graph_modes(llm)
             finally:
                 del llm
                 gc.collect()
                 torch.cuda.empty_cache()
         return self.cache[key]
+
+    def key(self, model: Path, settings: dict) -> tuple:
+        return _weights_digest(model), json.dumps(settings, sort_keys=True)
+
+    def graph_modes_of(self, model: Path, **settings) -> dict:
+        """The CUDA graph modes of a finished run (see devkit.engine.cuda_graph_modes)."""
+        return self.graph_modes[self.key(model, settings)]
+
+
+def assert_full_decode_graphs(modes: dict, mode: str, what: str) -> None:
+    """In default mode vLLM keeps FULL graphs for uniform decode batches (our attention and GDN support them) and
+    has captured some; eager runs capture none. Appends what it saw to GRAPH_MODES_FILE."""
+    if GRAPH_MODES_FILE:
+        import vllm
+
+        with open(GRAPH_MODES_FILE, "a") as handle:
+            handle.write(json.dumps({"vllm": vllm.__version__, "run": what, "mode": mode, **modes}) + "\n")
+    assert modes, f"{what}: the model runner cannot be reached"
+    if mode == "eager":
+        assert modes["full"] == modes["piecewise"] == 0, f"{what}: {modes}"
+    else:
+        assert modes["mode"] in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL") and modes["full"] > 0, \
+            f"{what}: vLLM did not capture FULL decode graphs: {modes}"
 
 
 def start_engine(settings: dict):
@@ -152,46 +184,56 @@ def assert_same_greedy(ours: list[Generation], reference: list[Generation], what
             f"{theirs.margin(step):.3f} ahead of its runner-up (ours {mine.token_ids}, reference {theirs.token_ids})")
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_plugin_serves_like_the_dequantized_model(runs, arch, fmt):
-    impls, first, second = runs.run(runs.checkpoint(arch, fmt), quantization="volta_nvfp4", attention_backend="CUSTOM")
+def test_plugin_serves_like_the_dequantized_model(runs, arch, fmt, mode):
+    """In eager and in default mode against the dequantized model (eager, vLLM's Triton attention)."""
+    model, settings = runs.checkpoint(arch, fmt), {"quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
+                                                   **MODES[mode]}
+    impls, first, second = runs.run(model, **settings)
     _, reference, _ = runs.run(runs.dense(arch, fmt), attention_backend="TRITON_ATTN")
     assert impls == {VOLTA_IMPL}
-    assert_same_greedy(first, reference, f"{arch} {fmt} volta_nvfp4 vs dequantized fp16")
-    assert_same_greedy(second, first, f"{arch} {fmt} prefix-cache hits vs first pass")
+    assert_full_decode_graphs(runs.graph_modes_of(model, **settings), mode, f"{arch} {fmt}")
+    assert_same_greedy(first, reference, f"{arch} {fmt} {mode} volta_nvfp4 vs dequantized fp16")
+    assert_same_greedy(second, first, f"{arch} {fmt} {mode} prefix-cache hits vs first pass")
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
-def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, triton_allocator):
+def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, mode, triton_allocator):
     """Qwen3.5 (Gated-DeltaNet + gated attention, vision tower; the exclusions real exports make) through
     volta_nvfp4: our GEMMs and attention, vLLM's GDN linear."""
-    impls, first, second = runs.run(runs.checkpoint("qwen3_5", fmt), quantization="volta_nvfp4",
-                                    attention_backend="CUSTOM", **QWEN3_5)
+    model = runs.checkpoint("qwen3_5", fmt)
+    settings = {"quantization": "volta_nvfp4", "attention_backend": "CUSTOM", **QWEN3_5, **MODES[mode]}
+    impls, first, second = runs.run(model, **settings)
     _, reference, _ = runs.run(runs.dense("qwen3_5", fmt), attention_backend="TRITON_ATTN", **QWEN3_5)
     assert VOLTA_IMPL in impls
-    assert_same_greedy(first, reference, f"qwen3_5 {fmt} volta_nvfp4 vs dequantized fp16")
-    assert_same_greedy(second, first, f"qwen3_5 {fmt} prefix-cache hits vs first pass")
+    assert_full_decode_graphs(runs.graph_modes_of(model, **settings), mode, f"qwen3_5 {fmt} vLLM GDN")
+    assert_same_greedy(first, reference, f"qwen3_5 {fmt} {mode} volta_nvfp4 vs dequantized fp16")
+    assert_same_greedy(second, first, f"qwen3_5 {fmt} {mode} prefix-cache hits vs first pass")
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
-def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allocator):
+def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, mode, triton_allocator):
     """VLLM_VOLTA_FP4_GDN=force: our GDN kernels inside vLLM's GDN layers (plus our GEMMs and attention) against the
     dequantized model on vLLM's own Triton GDN linear. A fresh process: the overrides are registered per process."""
     _, reference, _ = runs.run(runs.dense("qwen3_5", fmt), attention_backend="TRITON_ATTN", **QWEN3_5)
     settings = {**ENGINE, **QWEN3_5, "quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
-                "model": str(runs.checkpoint("qwen3_5", fmt))}
+                "model": str(runs.checkpoint("qwen3_5", fmt)), **MODES[mode]}
     script = (
         "import dataclasses, json, sys\n"
         "from vllm import LLM\n"
         "from vllm_volta_fp4.testing.greedy import generate_with, supported_engine_args\n"
-        "from devkit.engine import engine_model, gdn_layers_on_our_kernels, use_torch_allocator_for_triton\n"
+        "from devkit.engine import cuda_graph_modes, engine_model, gdn_layers_on_our_kernels, "
+        "use_torch_allocator_for_triton\n"
         "use_torch_allocator_for_triton()\n"
         "llm = LLM(**supported_engine_args(json.loads(sys.argv[1])))\n"
         "layers = gdn_layers_on_our_kernels(engine_model(llm))\n"
         "passes = [generate_with(llm, json.loads(sys.argv[2]), int(sys.argv[3])) for _ in range(2)]\n"
         "passes = [[dataclasses.asdict(g) for g in p] for p in passes]\n"
-        "print('RESULT', json.dumps({'layers': layers, 'passes': passes}))\n"
+        "print('RESULT', json.dumps({'layers': layers, 'graphs': cuda_graph_modes(llm), 'passes': passes}))\n"
     )
     env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "force"}
     result = subprocess.run([sys.executable, "-c", script, json.dumps(settings), json.dumps(PROMPTS), str(MAX_TOKENS)],
@@ -201,6 +243,7 @@ def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, triton_allo
     assert line is not None, result.stdout[-2000:] + result.stderr[-2000:]
     outcome = json.loads(line[len("RESULT "):])
     assert outcome["layers"] == 3, f"{outcome['layers']} GDN layers run our kernels (the tiny Qwen3.5 has 3)"
+    assert_full_decode_graphs(outcome["graphs"], mode, f"qwen3_5 {fmt} our GDN")
     first, second = ([Generation(**g) for g in p] for p in outcome["passes"])
     assert_same_greedy(first, reference, f"qwen3_5 {fmt} our GDN kernels vs vLLM's (dequantized fp16)")
     assert_same_greedy(second, first, f"qwen3_5 {fmt} our GDN kernels, prefix-cache hits vs first pass")

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from devkit.random_batches import RandomPagedBatch
+from devkit.random_batches import PersistentAttentionInputs, RandomPagedBatch
 from tests.conftest import requires_vllm
 from vllm_volta_fp4.ops import attention
 
@@ -180,6 +180,80 @@ def test_builder_and_impl_forward(backend_module, batch_name, window):
     assert padded_output[tokens:].isnan().all()  # padding rows are not computed
     profiling_output = torch.full_like(padded_output, float("nan"))
     assert impl.forward(None, padded_query, None, None, kv_cache, None, output=profiling_output).eq(0).all()
+
+
+def graph_config(max_model_len: int = 4096, capture: int = 16, spec_tokens: int = 0, mode: str = "FULL_AND_PIECEWISE"):
+    """The parts of a VllmConfig the builder reads for CUDA graphs."""
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+
+    return SimpleNamespace(
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode], max_cudagraph_capture_size=capture,
+                                           cudagraph_capture_sizes=[1, 2, 4, 8, capture]),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        speculative_config=SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None)
+
+
+def common_metadata(views: dict, num_seqs: int, max_query_len: int, max_seq_len: int):
+    from vllm_volta_fp4.plugin.attention import compat
+
+    return compat.CommonAttentionMetadata(
+        query_start_loc=views["query_start_loc"], query_start_loc_cpu=views["query_start_loc"].cpu(),
+        seq_lens=views["seq_lens"], num_reqs=num_seqs, num_actual_tokens=views["query"].shape[0],
+        max_query_len=max_query_len, max_seq_len=max_seq_len, block_table_tensor=views["block_table"],
+        slot_mapping=views["slot_mapping"])
+
+
+@requires_vllm
+def test_backend_declares_uniform_batch_cuda_graphs(backend_module):
+    from vllm_volta_fp4.plugin.attention import compat
+
+    assert backend_module.VoltaAttentionMetadataBuilder._cudagraph_support == compat.AttentionCGSupport.UNIFORM_BATCH
+    assert backend_module.graph_batch_limits(graph_config(8192, 32, spec_tokens=2)) == (8192, 3, 32)
+    assert backend_module.graph_batch_limits(graph_config(mode="PIECEWISE")) == (0, 0, 0)
+    assert backend_module.graph_batch_limits(None) == (0, 0, 0)
+
+
+@requires_vllm
+@pytest.mark.parametrize("seqs, padded_seqs, q_len", [
+    ([(15, 1), (70, 1), (0, 1)], 8, 1),  # decode padded to a captured size of 8
+    ([(31, 3), (64, 3)], 4, 3),  # speculative decoding: 1 + 2 tokens per sequence
+    ([(40, 1)], 1, 1),  # no padding
+])
+def test_builder_pads_like_vllm_and_keeps_persistent_buffers(backend_module, seqs, padded_seqs, q_len):
+    """A graph-shaped batch in persistent buffers, padded as vLLM pads a captured size: the metadata is views of
+    those buffers (what a graph replays), the split basis is the engine's max_model_len, and the real tokens'
+    output equals the dense reference (padding sequences and tokens are inert)."""
+    heads, kv_heads, head_size, block_size = 8, 2, 64, 16
+    batch = RandomPagedBatch(seqs, heads, kv_heads, head_size, block_size, seed=len(seqs))
+    buffers = PersistentAttentionInputs(16, 64, 8, 32, heads, kv_heads, head_size, block_size)
+    tokens, padded_tokens = batch.query.shape[0], padded_seqs * q_len
+    buffers.load(batch, padded_seqs, padded_tokens)
+    views = buffers.views(padded_seqs, padded_tokens)
+    builder = backend_module.VoltaAttentionMetadataBuilder(None, ["layer.0"], graph_config(4096, 16, q_len - 1),
+                                                           torch.device("cpu"))
+    metadata = builder.build(0, common_metadata(views, padded_seqs, q_len, batch.max_seq_len))
+    assert metadata.max_seq_len == 4096
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+        assert getattr(metadata, name).data_ptr() == views[name].data_ptr(), name
+    impl = backend_module.VoltaAttentionImpl(heads, head_size, 1 / math.sqrt(head_size), kv_heads, None, None, "auto")
+    impl.do_kv_cache_update(None, views["new_key"], views["new_value"], views["kv_cache"], views["slot_mapping"])
+    impl.forward(None, views["query"], None, None, views["kv_cache"], metadata, output=views["out"])
+    _check(views["out"][:tokens], batch.dense_reference(1 / math.sqrt(head_size)), 2e-3)
+
+
+@requires_vllm
+def test_builder_splits_other_batches_by_their_own_length(backend_module):
+    """Prefill-shaped batches (and every batch of an engine without FULL graphs) keep their own max_seq_len."""
+    batch = RandomPagedBatch([(20, 5), (3, 1)], 4, 4, 64, 16)
+    buffers = PersistentAttentionInputs(4, 16, 4, 16, 4, 4, 64, 16)
+    buffers.load(batch, 2, 6)
+    views = buffers.views(2, 6)
+    common = common_metadata(views, 2, 5, batch.max_seq_len)
+    for config in (graph_config(4096, 16), graph_config(mode="PIECEWISE"), None):
+        builder = backend_module.VoltaAttentionMetadataBuilder(None, ["layer.0"], config, torch.device("cpu"))
+        assert builder.build(0, common).max_seq_len == batch.max_seq_len
 
 
 def test_platform_plugin_stays_off_without_a_volta_gpu(monkeypatch):

@@ -19,7 +19,7 @@ import torch
 from vllm_volta_fp4.ops import extension
 
 HEAD_SIZES = (64, 128, 256)
-_OPS = extension.OpFamily("paged_attention", lambda: _register_fakes())
+_OPS = extension.OpFamily("paged_attention")
 
 
 def kernels_available() -> bool:
@@ -123,3 +123,6 @@ def _register_fakes() -> None:
     def _(out, query, kv_cache, block_table, query_start_loc, seq_lens, max_seq_len, scale, sliding_window, mma,
           num_splits):
         return None
+
+
+_OPS.on_load(_register_fakes)

@@ -42,7 +42,7 @@ SOFTPLUS_THRESHOLD = 20.0
 FALLBACK_CHUNK_SIZE = 64  # the CPU fallback runs the chunked formulation: far fewer, larger torch ops
 
 
-_OPS = extension.OpFamily("gdn_chunked_prefill", lambda: _register_fakes())
+_OPS = extension.OpFamily("gdn_chunked_prefill")
 
 
 def kernels_available() -> bool:
@@ -372,3 +372,6 @@ def _register_fakes() -> None:
     @torch.library.register_fake("volta_fp4::gdn_recurrent_decode")
     def _(out, q, k, v, a, b, A_log, dt_bias, state, state_indices, scale, use_qk_l2norm, null_slot):
         return None
+
+
+_OPS.on_load(_register_fakes)

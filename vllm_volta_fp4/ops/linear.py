@@ -19,12 +19,18 @@ from vllm_volta_fp4 import envs
 from vllm_volta_fp4.ops.extension import OpFamily, default_mma
 
 PATH_AUTO, PATH_FUSED, PATH_DEQUANT_CUBLAS, PATH_GEMV = 0, 1, 2, 3
-_OPS = OpFamily("nvfp4_gemm", lambda: _on_load())
+_OPS = OpFamily("nvfp4_gemm")
 
 
 def is_available() -> bool:
-    """The extension is importable and a CUDA device is usable."""
+    """The extension is importable and a CUDA device is usable (queries CUDA: not for traced code)."""
     return _OPS.available()
+
+
+def runs_on(x: torch.Tensor) -> bool:
+    """The GEMM kernels take activations ``x``: the ops are built and ``x`` is on CUDA. A module value and a
+    tensor property only, so that it traces under torch.compile."""
+    return _OPS.runs_on(x)
 
 
 def _require_extension() -> None:
@@ -72,7 +78,7 @@ def fp8_linear(x: torch.Tensor, prepared: dict[str, torch.Tensor], bias: torch.T
 
 
 def _on_load() -> None:
-    """Once, when the ops are first used: the cut-overs of PATH_AUTO from the environment, and the fakes."""
+    """Once, at import: the cut-overs of PATH_AUTO from the environment, and the fakes."""
     unset = -1  # the extension keeps its default
     gemv_max_m, cublas_min_m = envs.gemv_max_m(), envs.cublas_min_m()
     torch.ops.volta_fp4.set_gemm_cutovers(unset if gemv_max_m is None else gemv_max_m,
@@ -88,3 +94,6 @@ def _register_fakes() -> None:
 
     torch.library.register_fake("volta_fp4::nvfp4_gemm")(gemm_fake)
     torch.library.register_fake("volta_fp4::fp8_gemm")(gemm_fake)
+
+
+_OPS.on_load(_on_load)

@@ -34,27 +34,48 @@ class VoltaAttentionMetadata:
 
 
 class VoltaAttentionMetadataBuilder(compat.AttentionMetadataBuilder[VoltaAttentionMetadata]):
-    # The KV-split count is chosen on the host from max_seq_len, so a captured graph would keep the split of
-    # its capture batch; attention therefore runs outside CUDA graphs (vLLM uses piecewise graphs around it).
-    _cudagraph_support: ClassVar = compat.AttentionCGSupport.NEVER
+    # Uniform batches (decode; 1 + k tokens per sequence under speculative decoding) run inside vLLM's FULL CUDA
+    # graphs. What a graph keeps of a forward: the tensors below, slices of the model runner's persistent buffers
+    # (vLLM pads them for a captured size: query_start_loc repeats its last value, seq_lens 0, slots -1, which the
+    # kernels skip), and the host values of the launch — the split count, from the launch shape and max_seq_len.
+    # Each block divides its own KV tiles among the splits on the device, so a replay at other lengths stays
+    # correct; for batches a graph may take, max_seq_len is fixed per engine (max_model_len) so that the captured
+    # split count suits long contexts too and eager runs of the same batch split the same way.
+    _cudagraph_support: ClassVar = compat.AttentionCGSupport.UNIFORM_BATCH
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.split_basis, self.graph_query_len, self.graph_tokens = graph_batch_limits(vllm_config)
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False) -> VoltaAttentionMetadata:
         m = common_attn_metadata
         if not (isinstance(m.causal, bool) and m.causal):
             raise NotImplementedError("the VOLTA_HMMA attention backend computes causal attention only")
         num_seqs = m.num_reqs
+        graph_shaped = m.max_query_len <= self.graph_query_len and m.num_actual_tokens <= self.graph_tokens
         return VoltaAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
-            max_seq_len=m.max_seq_len,
+            max_seq_len=max(self.split_basis, m.max_seq_len) if graph_shaped else m.max_seq_len,
             query_start_loc=m.query_start_loc[: num_seqs + 1],
             seq_lens=m.seq_lens[:num_seqs],
             block_table=m.block_table_tensor[:num_seqs],
             slot_mapping=m.slot_mapping,
         )
+
+
+def graph_batch_limits(vllm_config) -> tuple[int, int, int]:
+    """(split basis, query length, token count): batches of at most that query length and token count may run in
+    a FULL CUDA graph, and then split the KV length as for sequences of ``split basis`` tokens. (0, 0, 0) without
+    FULL graphs (eager engines, or no config: tests)."""
+    compilation = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if mode is None or not mode.has_full_cudagraphs():
+        return 0, 0, 0
+    tokens = getattr(compilation, "max_cudagraph_capture_size", None) or max(compilation.cudagraph_capture_sizes or [0])
+    speculative = getattr(vllm_config, "speculative_config", None)
+    query_len = 1 + (getattr(speculative, "num_speculative_tokens", None) or 0)
+    return int(vllm_config.model_config.max_model_len), query_len, int(tokens)
 
 
 class VoltaAttentionImpl(compat.AttentionImpl):
