@@ -79,7 +79,8 @@ def linear_apply(method_name: str):
     method_cls = {"nvfp4": nvfp4.NvFp4LinearMethod, "fp8": fp8.Fp8LinearMethod}[method_name]
     method = method_cls.__new__(method_cls)  # apply() reads only the layer; the checkpoint scheme is not needed
     layer = nn.Module()
-    for name, tensor in (("weight_tiles", fake_cuda(4096, dtype=torch.uint8)), ("row_scale", fake_cuda(64, dtype=torch.float32)),
+    for name, tensor in (("weight_tiles", fake_cuda(4096, dtype=torch.uint8)),
+                         ("row_scale", fake_cuda(64, dtype=torch.float32)),
                          ("split_k_counters", fake_cuda(16, dtype=torch.int32))):
         layer.register_parameter("volta_" + name, nn.Parameter(tensor, requires_grad=False))
     layer.volta_tensor_names = ("weight_tiles", "row_scale", "split_k_counters")
@@ -110,7 +111,8 @@ def attention_ops():
         attention.write_kv_cache(key, value, kv_cache, slot_mapping)
         return attention.paged_attention(query, kv_cache, block_table, query_start_loc, seq_lens, 256, 0.125)
 
-    out = compiled(step, "write_kv_cache", "paged_attention")(fake_cuda(4, 8, 128), fake_cuda(4, 2, 128), fake_cuda(4, 2, 128),
+    out = compiled(step, "write_kv_cache", "paged_attention")(fake_cuda(4, 8, 128), fake_cuda(4, 2, 128),
+                                                              fake_cuda(4, 2, 128),
                          fake_cuda(10, 2, 16, 2, 128), fake_cuda(4, 16, dtype=torch.int32),
                          fake_cuda(5, dtype=torch.int32), fake_cuda(4, dtype=torch.int32),
                          fake_cuda(4, dtype=torch.int64))
@@ -131,7 +133,8 @@ def gdn_decode_ops():
         q, k, v = split_qkv(x)
         return gdn.recurrent_gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_state, slots)
 
-    out = compiled(step, "gdn_causal_conv1d_decode", "gdn_recurrent_decode")(fake_cuda(3, 1024), fake_cuda(1024, 4), fake_cuda(6, 1024, 3), fake_cuda(3, dtype=torch.int32),
+    out = compiled(step, "gdn_causal_conv1d_decode", "gdn_recurrent_decode")(
+                         fake_cuda(3, 1024), fake_cuda(1024, 4), fake_cuda(6, 1024, 3), fake_cuda(3, dtype=torch.int32),
                          fake_cuda(3, 4), fake_cuda(3, 4), fake_cuda(4, dtype=torch.float32),
                          fake_cuda(4, dtype=torch.float32), fake_cuda(6, 4, 128, 128, dtype=torch.float32))
     assert out.shape == (3, 4, 128) and out.is_cuda
@@ -146,7 +149,8 @@ def gdn_prefill_ops():
         g, beta = gdn.gdn_gating(A_log, a, b, dt_bias)
         return gdn.chunk_gated_delta_rule(q, k, v, g, beta, ssm_state, slots, starts, has_initial, use_qk_l2norm=True)
 
-    out = compiled(step, "gdn_causal_conv1d_prefill", "gdn_chunked_prefill")(fake_cuda(9, 1024), fake_cuda(1024, 4), fake_cuda(6, 1024, 3), fake_cuda(3, dtype=torch.int32),
+    out = compiled(step, "gdn_causal_conv1d_prefill", "gdn_chunked_prefill")(
+                         fake_cuda(9, 1024), fake_cuda(1024, 4), fake_cuda(6, 1024, 3), fake_cuda(3, dtype=torch.int32),
                          fake_cuda(2, dtype=torch.int32), fake_cuda(2, dtype=torch.bool), fake_cuda(9, 4),
                          fake_cuda(9, 4), fake_cuda(4, dtype=torch.float32), fake_cuda(4, dtype=torch.float32),
                          fake_cuda(6, 4, 128, 128, dtype=torch.float32))
