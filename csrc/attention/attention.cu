@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "attention/attention.cuh"
+#include "common/host_utils.h"
 
 namespace volta_fp4 {
 namespace attention {
@@ -19,34 +20,27 @@ constexpr int64_t kMinTilesPerSplit = 4;  // below 256 keys a split costs more i
 void check_half_heads(const at::Tensor& t, const char* name, int64_t head_size) {
   TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kHalf && t.dim() == 3, name,
               " must be a 3-D CUDA float16 tensor [tokens, heads, head_size], got ", t.scalar_type(), " ",
-              t.sizes(), " on ", t.device());
+              str(t.sizes()), " on ", t.device());
   TORCH_CHECK(t.size(2) == head_size && t.stride(2) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 &&
                   reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
-              name, " needs head_size ", head_size, ", a contiguous last dimension and 16-byte aligned rows; got ",
-              t.sizes(), " strides ", t.strides());
+              name, " needs head_size ", str(head_size), ", a contiguous last dimension and 16-byte aligned rows; got ",
+              str(t.sizes()), " strides ", str(t.strides()));
 }
 
 void check_kv_cache(const at::Tensor& kv_cache) {
   TORCH_CHECK(kv_cache.is_cuda() && kv_cache.scalar_type() == at::kHalf && kv_cache.dim() == 5 &&
                   kv_cache.size(1) == 2,
               "kv_cache must be a CUDA float16 [num_blocks, 2, block_size, num_kv_heads, head_size] tensor, got ",
-              kv_cache.scalar_type(), " ", kv_cache.sizes());
+              kv_cache.scalar_type(), " ", str(kv_cache.sizes()));
   TORCH_CHECK(kv_cache.stride(4) == 1 && kv_cache.stride(3) % 8 == 0 && kv_cache.stride(2) % 8 == 0 &&
                   kv_cache.stride(1) % 8 == 0 && kv_cache.stride(0) % 8 == 0 &&
                   reinterpret_cast<uintptr_t>(kv_cache.data_ptr()) % 16 == 0,
-              "kv_cache needs a contiguous last dimension and 16-byte aligned rows; strides ", kv_cache.strides());
+              "kv_cache needs a contiguous last dimension and 16-byte aligned rows; strides ", str(kv_cache.strides()));
 }
 
 void check_int32_vector(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK(t.device() == device && t.scalar_type() == at::kInt && t.is_contiguous(), name,
               " must be a contiguous int32 tensor on ", device, ", got ", t.scalar_type(), " on ", t.device());
-}
-
-bool use_sm70_atom(int64_t mma, const at::Device& device) {
-  const int major = at::cuda::getDeviceProperties(device.index())->major;
-  TORCH_CHECK(mma == 0 || mma == 70 || mma == 80, "mma must be 0 (by compute capability), 70 or 80, got ", mma);
-  TORCH_CHECK(mma != 80 || major >= 8, "the SM80 MMA atom (m16n8k16) needs compute capability >= 8.0");
-  return mma == 70 || (mma == 0 && major < 8);
 }
 
 // key, value [tokens, kv_heads, head_size] fp16 → kv_cache[block, 0|1, slot, head] at slot_mapping[token].
@@ -57,8 +51,8 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
   check_half_heads(key, "key", head_size);
   check_half_heads(value, "value", head_size);
   TORCH_CHECK(key.size(1) == num_kv_heads && value.size(1) == num_kv_heads && value.size(0) == key.size(0),
-              "key and value must be [tokens, ", num_kv_heads, ", ", head_size, "], got ", key.sizes(), " and ",
-              value.sizes());
+              "key and value must be [tokens, ", str(num_kv_heads), ", ", str(head_size), "], got ", str(key.sizes()), " and ",
+              str(value.sizes()));
   TORCH_CHECK(slot_mapping.device() == kv_cache.device() && slot_mapping.scalar_type() == at::kLong &&
                   slot_mapping.dim() == 1 && slot_mapping.is_contiguous() && slot_mapping.size(0) >= key.size(0),
               "slot_mapping must be a contiguous int64 vector with an entry per token");
@@ -92,7 +86,7 @@ void launch_attention(const PagedAttentionParams& p, int64_t row_tiles, int64_t 
   constexpr int smem_bytes = SmemPlan<HeadDim>::kBytes;
   auto kernel = paged_attention_kernel<Mma, HeadDim>;
   static const bool configured = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    allow_dynamic_smem(kernel, smem_bytes);
     return true;
   }();
   (void)configured;
@@ -112,7 +106,7 @@ void launch_for_head_dim(const PagedAttentionParams& p, int64_t head_size, int64
     case 64: return launch_attention<Mma, 64>(p, row_tiles, kv_heads);
     case 128: return launch_attention<Mma, 128>(p, row_tiles, kv_heads);
     case 256: return launch_attention<Mma, 256>(p, row_tiles, kv_heads);
-    default: TORCH_CHECK(false, "head_size must be 64, 128 or 256, got ", head_size);
+    default: TORCH_CHECK(false, "head_size must be 64, 128 or 256, got ", str(head_size));
   }
 }
 
@@ -127,9 +121,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   check_half_heads(out, "out", head_size);
   const int64_t num_tokens = query.size(0), num_heads = query.size(1);
   TORCH_CHECK(out.size(0) == num_tokens && out.size(1) == num_heads, "out must have the shape of query ",
-              query.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads (", num_heads, ") must be a multiple of num_kv_heads (",
-              num_kv_heads, ")");
+              str(query.sizes()), ", got ", str(out.sizes()));
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads (", str(num_heads), ") must be a multiple of num_kv_heads (",
+              str(num_kv_heads), ")");
   const at::Device device = kv_cache.device();
   TORCH_CHECK(query.device() == device && out.device() == device, "query, out and kv_cache must be on one device");
   check_int32_vector(query_start_loc, "query_start_loc", device);

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "common/host_utils.h"
 #include "gdn/gdn.cuh"
 
 namespace volta_fp4 {
@@ -16,28 +17,28 @@ const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const ui
 uint16_t* mutable_half_ptr(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::Half>()); }
 
 void check_head_dim(int64_t d) {
-  TORCH_CHECK(d == 64 || d == 128, "the GDN kernels support head dims 64 and 128 (head_k_dim == head_v_dim), got ", d);
+  TORCH_CHECK(d == 64 || d == 128, "the GDN kernels support head dims 64 and 128 (head_k_dim == head_v_dim), got ", str(d));
 }
 
 // fp16 [tokens, heads, D] with a contiguous last dim and 16-byte aligned rows (views of a fused projection are fine).
 void check_heads(const at::Tensor& t, const char* name, const at::Device& device, int64_t tokens, int64_t heads,
                  int64_t d) {
   TORCH_CHECK(t.device() == device && t.scalar_type() == at::kHalf && t.dim() == 3, name,
-              " must be a 3-D float16 tensor on ", device, ", got ", t.scalar_type(), " ", t.sizes(), " on ",
+              " must be a 3-D float16 tensor on ", device, ", got ", t.scalar_type(), " ", str(t.sizes()), " on ",
               t.device());
-  TORCH_CHECK(t.size(0) == tokens && (heads < 0 || t.size(1) == heads) && t.size(2) == d, name, " must be [", tokens,
-              ", ", heads < 0 ? "heads" : std::to_string(heads), ", ", d, "], got ", t.sizes());
+  TORCH_CHECK(t.size(0) == tokens && (heads < 0 || t.size(1) == heads) && t.size(2) == d, name, " must be [", str(tokens),
+              ", ", heads < 0 ? "heads" : std::to_string(heads), ", ", str(d), "], got ", str(t.sizes()));
   TORCH_CHECK(t.stride(2) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 &&
                   reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
-              name, " needs a contiguous last dimension and 16-byte aligned rows; strides ", t.strides());
+              name, " needs a contiguous last dimension and 16-byte aligned rows; strides ", str(t.strides()));
 }
 
 void check_vector(const at::Tensor& t, const char* name, const at::Device& device, at::ScalarType type,
                   int64_t min_size) {
   TORCH_CHECK(t.device() == device && t.scalar_type() == type && t.dim() == 1 && t.is_contiguous() &&
                   t.size(0) >= min_size,
-              name, " must be a contiguous ", type, " vector of at least ", min_size, " entries on ", device, ", got ",
-              t.scalar_type(), " ", t.sizes(), " on ", t.device());
+              name, " must be a contiguous ", type, " vector of at least ", str(min_size), " entries on ", device, ", got ",
+              t.scalar_type(), " ", str(t.sizes()), " on ", t.device());
 }
 
 const bool* optional_flags(const c10::optional<at::Tensor>& flags, const at::Device& device, int64_t num_seqs) {
@@ -50,11 +51,11 @@ const bool* optional_flags(const c10::optional<at::Tensor>& flags, const at::Dev
 void check_state(const at::Tensor& state, const at::Device& device, int64_t v_heads, int64_t d) {
   TORCH_CHECK(state.device() == device && (state.scalar_type() == at::kFloat || state.scalar_type() == at::kHalf) &&
                   state.dim() == 4 && state.size(1) == v_heads && state.size(2) == d && state.size(3) == d,
-              "state must be a float32 or float16 [slots, ", v_heads, ", ", d, ", ", d, "] tensor on ", device,
-              ", got ", state.scalar_type(), " ", state.sizes());
+              "state must be a float32 or float16 [slots, ", str(v_heads), ", ", str(d), ", ", str(d), "] tensor on ", device,
+              ", got ", state.scalar_type(), " ", str(state.sizes()));
   TORCH_CHECK(state.stride(3) == 1 && state.stride(2) == d && state.stride(1) % 2 == 0 && state.stride(0) % 2 == 0 &&
                   reinterpret_cast<uintptr_t>(state.data_ptr()) % 8 == 0,
-              "state needs contiguous [D, D] heads and even strides; strides ", state.strides());
+              "state needs contiguous [D, D] heads and even strides; strides ", str(state.strides()));
 }
 
 struct HeadShape {
@@ -72,7 +73,7 @@ HeadShape check_qkv_out(const at::Tensor& q, const at::Tensor& k, const at::Tens
   check_heads(k, "k", device, rows, k_heads, d);
   check_heads(v, "v", device, rows, -1, d);
   check_heads(out, "out", device, rows, v_heads, d);
-  TORCH_CHECK(v_heads % k_heads == 0, "v heads (", v_heads, ") must be a multiple of k heads (", k_heads, ")");
+  TORCH_CHECK(v_heads % k_heads == 0, "v heads (", str(v_heads), ") must be a multiple of k heads (", str(k_heads), ")");
   return {k_heads, d, v_heads};
 }
 
@@ -81,8 +82,8 @@ void check_per_head(const at::Tensor& t, const char* name, const at::Device& dev
                     int64_t rows, int64_t v_heads) {
   TORCH_CHECK(t.device() == device && t.scalar_type() == type && t.is_contiguous() && t.dim() == 2 && t.size(0) == rows &&
                   t.size(1) == v_heads,
-              name, " must be a contiguous ", type, " [", rows, ", ", v_heads, "] tensor on ", device, ", got ", t.scalar_type(),
-              " ", t.sizes());
+              name, " must be a contiguous ", type, " [", str(rows), ", ", str(v_heads), "] tensor on ", device, ", got ", t.scalar_type(),
+              " ", str(t.sizes()));
 }
 
 // The q, k, v pointers and token/head strides of ChunkParams and DecodeParams (same field names in both).
@@ -99,17 +100,6 @@ void set_qkv(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tens
   p.v_head_stride = v.stride(1);
 }
 
-template <class Kernel>
-void allow_dynamic_smem(Kernel kernel, int bytes) {
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
-bool use_sm70_atom(int64_t mma, const at::Device& device) {
-  const int major = at::cuda::getDeviceProperties(device.index())->major;
-  TORCH_CHECK(mma == 0 || mma == 70 || mma == 80, "mma must be 0 (by compute capability), 70 or 80, got ", mma);
-  TORCH_CHECK(mma != 80 || major >= 8, "the SM80 MMA atom (m16n8k16) needs compute capability >= 8.0");
-  return mma == 70 || (mma == 0 && major < 8);
-}
 
 template <int D, bool Gated>
 void launch_row_norm(const RowNormParams& p) {
@@ -125,8 +115,8 @@ void row_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor* z, const a
     TORCH_CHECK(t.device() == device && t.scalar_type() == at::kHalf && t.dim() == 2 && t.stride(1) == 1 &&
                     t.stride(0) % 2 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0 &&
                     t.sizes() == x.sizes(),
-                name, " must be a float16 [rows, D] tensor like x ", x.sizes(), " with contiguous rows on ", device,
-                ", got ", t.scalar_type(), " ", t.sizes(), " strides ", t.strides());
+                name, " must be a float16 [rows, D] tensor like x ", str(x.sizes()), " with contiguous rows on ", device,
+                ", got ", t.scalar_type(), " ", str(t.sizes()), " strides ", str(t.strides()));
   };
   check_rows(x, "x");
   check_rows(out, "out");
@@ -166,7 +156,7 @@ void launch_conv(const ConvParams& p, int width, int64_t block_rows) {
     case 2: causal_conv1d_kernel<2><<<grid, kBlockThreads, 0, stream>>>(p); break;
     case 3: causal_conv1d_kernel<3><<<grid, kBlockThreads, 0, stream>>>(p); break;
     case 4: causal_conv1d_kernel<4><<<grid, kBlockThreads, 0, stream>>>(p); break;
-    default: TORCH_CHECK(false, "conv width must be 2, 3 or 4, got ", width);
+    default: TORCH_CHECK(false, "conv width must be 2, 3 or 4, got ", str(width));
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -178,21 +168,21 @@ ConvParams conv_params(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
   const at::Device device = x.device();
   TORCH_CHECK(x.device().is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2 && x.stride(1) == 1,
               "x must be a CUDA float16 [tokens, dim] tensor with a contiguous last dim, got ", x.scalar_type(), " ",
-              x.sizes(), " strides ", x.strides());
+              str(x.sizes()), " strides ", str(x.strides()));
   TORCH_CHECK(out.device() == device && out.scalar_type() == at::kHalf && out.sizes() == x.sizes() &&
                   out.stride(1) == 1,
-              "out must be a float16 tensor like x ", x.sizes(), " with a contiguous last dim");
+              "out must be a float16 tensor like x ", str(x.sizes()), " with a contiguous last dim");
   const int64_t dim = x.size(1);
   TORCH_CHECK(weight.device() == device && weight.scalar_type() == at::kHalf && weight.dim() == 2 &&
                   weight.size(0) == dim && weight.is_contiguous(),
-              "weight must be a contiguous float16 [", dim, ", width] tensor, got ", weight.scalar_type(), " ",
-              weight.sizes());
+              "weight must be a contiguous float16 [", str(dim), ", width] tensor, got ", weight.scalar_type(), " ",
+              str(weight.sizes()));
   const int64_t width = weight.size(1);
   if (bias.has_value()) check_vector(*bias, "bias", device, at::kHalf, dim);
   TORCH_CHECK(conv_state.device() == device && conv_state.scalar_type() == at::kHalf && conv_state.dim() == 3 &&
                   conv_state.size(1) == dim && conv_state.size(2) >= width - 1,
-              "conv_state must be a float16 [slots, ", dim, ", >= ", width - 1, "] tensor, got ",
-              conv_state.scalar_type(), " ", conv_state.sizes());
+              "conv_state must be a float16 [slots, ", str(dim), ", >= ", str(width - 1), "] tensor, got ",
+              conv_state.scalar_type(), " ", str(conv_state.sizes()));
   check_vector(cache_indices, "cache_indices", device, at::kInt, num_seqs);
   ConvParams p{};
   p.x = half_ptr(x);
