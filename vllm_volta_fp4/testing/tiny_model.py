@@ -320,7 +320,8 @@ def _write_checkpoint(dest: Path, weights: dict[str, torch.Tensor], config: dict
 
 # ---------------------------------------------------------------- streaming writer (full-depth models)
 
-_ZERO_CENTRED_NORM = re.compile(r"(input_layernorm|post_attention_layernorm|q_norm|k_norm|language_model\.norm)\.weight$")
+_ZERO_CENTRED_NORM = re.compile(
+    r"(input_layernorm|post_attention_layernorm|q_norm|k_norm|language_model\.norm)\.weight$")
 
 
 def _initial_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator, device: str) -> torch.Tensor:
