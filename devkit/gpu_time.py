@@ -31,12 +31,17 @@ def gpu_time_per_decode_token(llm, prompts: list[list[int]], decode_tokens: int,
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
+    # a CPU engine (dry runs) has no CUDA activity: its CPU ops are profiled instead, so the code path still runs
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+
     def kernel_seconds(max_tokens: int) -> dict[str, float]:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[activity]) as prof:
             llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], params, use_tqdm=False)
-            torch.cuda.synchronize()
-        return {event.key: event.self_device_time_total / 1e6 for event in prof.key_averages()}
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        return {event.key: (event.self_device_time_total if activity == ProfilerActivity.CUDA
+                            else event.self_cpu_time_total) / 1e6 for event in prof.key_averages()}
 
     one, many = kernel_seconds(1), kernel_seconds(decode_tokens + 1)
     per_token = {name: (seconds - one.get(name, 0.0)) / decode_tokens for name, seconds in many.items()}
