@@ -23,7 +23,6 @@ import argparse
 import datetime
 import gc
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -38,8 +37,9 @@ from devkit.engine import (  # noqa: E402
     engine_model,
     gdn_layers_on_our_kernels,
     uninstall_gdn_overrides,
-    use_torch_allocator_for_triton,  # noqa: E402
+    use_torch_allocator_for_triton,
 )
+from devkit.gpu_time import KERNEL_FAMILIES, gpu_time_per_decode_token  # noqa: E402
 from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, supported_engine_args  # noqa: E402
 from vllm_volta_fp4.testing.tiny_model import HybridArch, TinyArch, make_checkpoint, qwen3_8_27b  # noqa: E402
 from vllm_volta_fp4.toolkit.convert import convert_to_dense  # noqa: E402
@@ -49,20 +49,6 @@ DECODE_BATCHES = (1, 8)
 DECODE_PROMPT = 128
 DECODE_TOKENS = 128
 REPEATS = 3  # default of --repeats
-
-# Kernel families of the GPU-time split; a kernel counts in the first family whose pattern its name matches.
-KERNEL_FAMILIES = {
-    # ours (weight_gemm / weight_gemv / dequantize_tiles) and cuBLAS's GEMM kernels
-    "linear": re.compile(r"gemm|gemv|dequantize_tiles|nvjet|xmma|cutlass", re.IGNORECASE),
-    # ours (namespace volta_fp4::gdn); vLLM's Triton kernels: FLA's chunked rule (chunk_*, solve_tril, merge_16x16,
-    # recompute_w_u, l2norm), recurrent decode (fused_recurrent_*, fused_sigmoid_gating_*), fused_gdn_gating,
-    # _fused_post_conv, mamba's _causal_conv1d_* and the gated RMSNorm (layer_norm_fwd*: RMSNormGated's CUDA path)
-    "GDN": re.compile(r"gdn|chunk|recurrent|conv1d|sigmoid_gating|post_conv|solve_tril|merge_16x16|recompute_w_u"
-                      r"|l2norm|layer_norm_fwd", re.IGNORECASE),
-    # ours (namespace volta_fp4::attention: paged attention, split combine, KV-cache write)
-    "attention": re.compile(r"attention", re.IGNORECASE),
-}
-
 
 @dataclass(frozen=True)
 class Engine:
@@ -136,34 +122,6 @@ def timed(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> float
     return statistics.median(samples)
 
 
-def kernel_family(name: str) -> str:
-    return next((family for family, pattern in KERNEL_FAMILIES.items() if pattern.search(name)), "other")
-
-
-def gpu_time_per_decode_token(llm, prompt: list[int]) -> dict[str, float]:
-    """Seconds of GPU time per decoded token at batch 1, all kernels ("all") and per kernel family: profiled
-    N + 1 tokens minus 1 token. Prints the kernels that take the most time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    from vllm import SamplingParams
-
-    def kernel_seconds(max_tokens: int) -> dict[str, float]:
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-            torch.cuda.synchronize()
-        return {event.key: event.self_device_time_total / 1e6 for event in prof.key_averages()}
-
-    one, many = kernel_seconds(1), kernel_seconds(DECODE_TOKENS + 1)
-    per_token = {name: (seconds - one.get(name, 0.0)) / DECODE_TOKENS for name, seconds in many.items()}
-    for name, seconds in sorted(per_token.items(), key=lambda item: -item[1])[:16]:
-        print(f"    {seconds * 1e6:8.1f} µs/token  {kernel_family(name):13}  {name[:110]}", flush=True)
-    totals = {"all": sum(per_token.values())}
-    for name, seconds in per_token.items():
-        totals[kernel_family(name)] = totals.get(kernel_family(name), 0.0) + seconds
-    return totals
-
-
 def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: int) -> dict[str, float]:
     import torch
     from vllm import LLM
@@ -209,7 +167,7 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
             seconds = timed(llm, prompts, DECODE_TOKENS + 1, repeats) - timed(llm, prompts, 1, repeats)
             results[f"decode batch {batch} (tok/s)"] = batch * DECODE_TOKENS / seconds
             print(f"  decode batch {batch}: {batch * DECODE_TOKENS / seconds:.1f} tok/s", flush=True)
-        gpu_time = gpu_time_per_decode_token(llm, prompt(DECODE_PROMPT))
+        gpu_time = gpu_time_per_decode_token(llm, [prompt(DECODE_PROMPT)], DECODE_TOKENS)
         results["GPU time per token, batch 1 (µs)"] = gpu_time["all"] * 1e6
         for family in arch.kernel_families:
             results[f"… of it in {family} kernels (µs)"] = gpu_time.get(family, 0.0) * 1e6

@@ -8,12 +8,16 @@ Fails when a kernel spills registers, needs more than Volta's 96 KB of shared me
 lacks the Volta HMMA instruction (mma.sync.aligned.m8n8k4). Prints registers, spills and shared memory per kernel.
 
     python tools/sm70_check.py [--keep DIR]
+
+The attention and Gated-DeltaNet kernels are compiled the same way (``attention_kernel_source``,
+``gdn_kernel_source``, ``compile_family``: used by tests/ops/test_*sm70_compile.py and tools/sm70_resources.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import glob
 import re
 import subprocess
@@ -81,6 +85,91 @@ def kernel_source() -> str:
     return "\n".join(lines) + "\n"
 
 
+ATTENTION_HEAD_SIZES = (64, 128, 256)
+GDN_HEAD_DIMS = (64, 128)
+GDN_STATE_TYPES = ("float", "uint16_t")  # the state cache in float32 or fp16
+GDN_CONV_WIDTHS = (2, 3, 4)
+
+
+def attention_kernel_source() -> str:
+    """Every attention kernel the extension launches on a Volta GPU (the SM70 atom only)."""
+    lines = ['#include "attention/attention.cuh"', "namespace volta_fp4 { namespace attention {"]
+    for d in ATTENTION_HEAD_SIZES:
+        lines.append(f"template __global__ void paged_attention_kernel<Sm70Mma, {d}>(const PagedAttentionParams);")
+        lines.append(f"template __global__ void combine_splits_kernel<{d}>(const PagedAttentionParams);")
+    lines.append("}}")
+    for d in ATTENTION_HEAD_SIZES:
+        lines.append(f"__device__ int attention_smem_bytes_d{d} = volta_fp4::attention::attention_smem_bytes({d});")
+    return "\n".join(lines) + "\n"
+
+
+def gdn_kernel_source() -> str:
+    """Every GDN kernel the extension launches on a Volta GPU (the SM70 atom only)."""
+    lines = ['#include "gdn/gdn.cuh"', "namespace volta_fp4 { namespace gdn {"]
+    for d in GDN_HEAD_DIMS:
+        lines.append(f"template __global__ void chunk_prepare_kernel<Sm70Mma, {d}>(const ChunkParams);")
+        for state in GDN_STATE_TYPES:
+            lines.append(f"template __global__ void chunk_state_kernel<Sm70Mma, {d}, {state}>(const ChunkParams);")
+            lines.append(f"template __global__ void recurrent_decode_kernel<{d}, {state}>(const DecodeParams);")
+        for gated in ("true", "false"):
+            lines.append(f"template __global__ void row_norm_kernel<{d}, {gated}>(const RowNormParams);")
+    for width in GDN_CONV_WIDTHS:
+        lines.append(f"template __global__ void causal_conv1d_kernel<{width}>(const ConvParams);")
+    lines.append("}}")
+    for d in GDN_HEAD_DIMS:
+        lines.append(f"__device__ int prepare_smem_d{d} = volta_fp4::gdn::PrepareSmem<{d}>::kBytes;")
+        lines.append(f"__device__ int state_smem_d{d} = volta_fp4::gdn::StateSmem<{d}>::kBytes;")
+    return "\n".join(lines) + "\n"
+
+
+def attention_dynamic_smem(report: KernelReport, ptx: str) -> int:
+    """paged_attention_kernel's dynamic shared memory from the header's SmemPlan (exported by the source)."""
+    if "paged_attention_kernel" not in report.name:
+        return report.dynamic_smem
+    smem = {int(d): int(v) for d, v in re.findall(r"attention_smem_bytes_d(\d+)\s*=\s*(\d+)", ptx)}
+    return smem[int(re.search(r"ELi(\d+)EEEv", report.name).group(1))]
+
+
+def gdn_dynamic_smem(report: KernelReport, ptx: str) -> int:
+    """The chunked-prefill kernels' dynamic shared memory from the header's PrepareSmem / StateSmem."""
+    smem = {f"{kind}{d}": int(v) for kind, d, v in re.findall(r"(prepare|state)_smem_d(\d+)\s*=\s*(\d+)", ptx)}
+    for kind in ("prepare", "state"):
+        if f"chunk_{kind}_kernel" in report.name:
+            head_dim = re.search(r"Sm70MmaELi(\d+)E", report.name).group(1)
+            return smem[f"{kind}{head_dim}"]
+    return report.dynamic_smem
+
+
+def gdn_readable(mangled: str) -> str:
+    kernel = re.search(r"gdn\d+(\w+?_kernel)", mangled).group(1)
+    args = [a for a in ("Sm70Mma",) if a in mangled] + [f"{n}" for n in re.findall(r"Li(\d+)E", mangled)]
+    if kernel.startswith(("chunk_state", "recurrent")):
+        args.append("fp32 state" if re.search(r"EfEEv", mangled) else "fp16 state")
+    if kernel == "row_norm_kernel":
+        args.append("gated" if "Lb1E" in mangled else "l2")
+    return f"{kernel}<{', '.join(args)}>"
+
+
+def attention_readable(mangled: str) -> str:
+    kernel = re.search(r"attention\d+(\w+?_kernel)", mangled).group(1)
+    args = [a for a in ("Sm70Mma",) if a in mangled] + [f"D={n}" for n in re.findall(r"Li(\d+)E", mangled)]
+    return f"{kernel}<{', '.join(args)}>" if args else kernel
+
+
+def compile_family(source: str, dynamic_smem=None, keep: Path | None = None) -> tuple[str, list[KernelReport]]:
+    """(PTX, ptxas reports) of one translation unit for sm_70, each report's dynamic shared memory filled in by
+    ``dynamic_smem(report, ptx)`` (the weight GEMM's comes from ptxas_reports itself)."""
+    libnvrtc, ptxas = find_toolchain()
+    ptx = nvrtc_compile(libnvrtc, source)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        reports = ptxas_reports(ptxas, ptx, workdir)
+    if dynamic_smem is not None:
+        reports = [dataclasses.replace(r, dynamic_smem=dynamic_smem(r, ptx)) for r in reports]
+    return ptx, reports
+
+
 def nvrtc_compile(libnvrtc: Path, source: str) -> str:
     """CUDA C++ → PTX for compute_70; raises with NVRTC's log on failure."""
     lib = ctypes.CDLL(str(libnvrtc))
@@ -116,6 +205,8 @@ class KernelReport:
     stack_bytes: int
     static_smem: int
     dynamic_smem: int
+    threads: int = 0  # threads per block: the kernel's __launch_bounds__ (.maxntid in the PTX)
+    ptx_mma: int = 0  # m8n8k4 mma.sync instructions in the kernel's PTX (static count: unrolled loop bodies)
 
     @property
     def problems(self) -> list[str]:
@@ -125,6 +216,17 @@ class KernelReport:
         if self.static_smem + self.dynamic_smem > VOLTA_MAX_SMEM_PER_BLOCK:
             found.append(f"{self.static_smem + self.dynamic_smem} bytes of shared memory > 96 KB")
         return found
+
+
+def ptx_entries(ptx: str) -> dict[str, tuple[int, int]]:
+    """{kernel: (threads per block from .maxntid, or 0; m8n8k4 mma.sync count)} of every entry of the PTX."""
+    entries = {}
+    for chunk in re.split(r"\n(?=(?:\.visible |\.weak )?\.entry )", ptx):
+        if name := re.match(r"(?:\.visible |\.weak )?\.entry (\w+)", chunk):
+            threads = re.search(r"\.maxntid (\d+), (\d+), (\d+)", chunk)
+            count = int(threads.group(1)) * int(threads.group(2)) * int(threads.group(3)) if threads else 0
+            entries[name.group(1)] = (count, chunk.count(VOLTA_HMMA))
+    return entries
 
 
 def ptxas_reports(ptxas: Path, ptx: str, workdir: Path) -> list[KernelReport]:
@@ -137,6 +239,7 @@ def ptxas_reports(ptxas: Path, ptx: str, workdir: Path) -> list[KernelReport]:
     if result.returncode:
         raise RuntimeError(f"ptxas failed for sm_70:\n{result.stderr}")
     smem_of_rows = {int(r): int(v) for r, v in re.findall(r"fused_smem_bytes_bm(\d+)\s*=\s*(\d+)", ptx)}
+    entries = ptx_entries(ptx)
     reports, current = [], None
     for line in result.stderr.splitlines():
         if m := re.search(r"Compiling entry function '(\w+)'", line):
@@ -149,7 +252,9 @@ def ptxas_reports(ptxas: Path, ptx: str, workdir: Path) -> list[KernelReport]:
             static_smem = int(s.group(1)) if (s := re.search(r"(\d+) bytes smem", line)) else 0
             rows = re.search(r"ELi(\d+)EEEv", current)
             dynamic = smem_of_rows.get(int(rows.group(1)), 0) if "weight_gemm_kernel" in current and rows else 0
-            reports.append(KernelReport(current, int(m.group(1)), pending[1], pending[0], static_smem, dynamic))
+            threads, mma = entries.get(current, (0, 0))
+            reports.append(KernelReport(current, int(m.group(1)), pending[1], pending[0], static_smem, dynamic,
+                                        threads, mma))
             current = None
     return reports
 
@@ -166,12 +271,7 @@ def readable(mangled: str) -> str:
 
 def check(keep: Path | None = None) -> tuple[list[KernelReport], list[str]]:
     """Compile and check; returns the per-kernel reports and the list of failures (empty when clean)."""
-    libnvrtc, ptxas = find_toolchain()
-    ptx = nvrtc_compile(libnvrtc, kernel_source())
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = keep or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
-        reports = ptxas_reports(ptxas, ptx, workdir)
+    ptx, reports = compile_family(kernel_source(), keep=keep)
     failures = [f"{readable(r.name)}: {p}" for r in reports for p in r.problems]
     expected = len(MMA_ATOMS) * len(FORMATS) * (len(BLOCK_ROWS) + len(GEMV_ROWS)) + len(FORMATS)
     if len(reports) != expected:

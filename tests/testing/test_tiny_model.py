@@ -64,3 +64,34 @@ def test_meta_build_matches_the_materialised_tiny_model():
     # transformers' own initialisation: (1 + w) RMSNorms at zero, the gated GDN output norm at one
     assert not materialised["model.language_model.layers.0.input_layernorm.weight"].any()
     assert (materialised["model.language_model.layers.0.linear_attn.norm.weight"] == 1).all()
+
+
+@pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
+def test_streamed_hybrid_checkpoint_is_valid_and_laid_out_like_the_dense_writer(tmp_path, fmt):
+    """stream_hybrid_checkpoint (full-depth benchmarks) writes what make_checkpoint writes for the same shape:
+    the same tensor names, shapes and dtypes, a valid checkpoint, one shard per few layers."""
+    from safetensors import safe_open
+
+    from vllm_volta_fp4.format.checkpoint import Checkpoint
+    from vllm_volta_fp4.testing.tiny_model import make_checkpoint, stream_hybrid_checkpoint, tiny_arch
+
+    shape = tiny_arch("qwen3_5")
+    lines = []
+    streamed = stream_hybrid_checkpoint(tmp_path / "streamed", shape, fmt, layers_per_shard=2, progress=lines.append)
+    dense = make_checkpoint(tmp_path / "dense", shape, fmt)
+    Checkpoint(streamed).validate()
+
+    def layout(path):
+        index = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+        found = {}
+        for file in set(index.values()):
+            with safe_open(str(path / file), "pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open is no dict)
+                    tensor = handle.get_slice(name)
+                    found[name] = (tuple(tensor.get_shape()), tensor.get_dtype())
+        return found
+
+    assert layout(streamed) == layout(dense)
+    assert len(lines) == 1 + shape.layers // 2 + 1  # embeddings + vision, layer shards, lm_head
+    config = json.loads((streamed / "config.json").read_text())
+    assert config["text_config"]["num_hidden_layers"] == shape.layers

@@ -5,7 +5,8 @@ tokenizer and sharded safetensors exactly as the named producer lays them out. W
 powers of two (hidden 320, intermediate 864) so kernels and loaders meet realistic odd shapes. q, k and v (and gate
 and up) are quantized separately, so each shard of a fused layer has its own global scale, as in real checkpoints.
 ``make_checkpoint(dest, shape, fmt, device=...)`` writes the same for any ``TinyArch`` or ``HybridArch`` shape, e.g.
-a few layers at real widths for benchmarks, made on a GPU.
+a few layers at real widths for benchmarks, made on a GPU. ``stream_hybrid_checkpoint`` writes a HybridArch of any
+depth (the full 64-layer Qwen3.8-27B: ~17 GB) one decoder layer at a time, never holding the dense model.
 """
 
 from __future__ import annotations
@@ -350,4 +351,72 @@ def write_checkpoint(dest: Path, weights: dict[str, torch.Tensor], config: dict,
     (dest / "config.json").write_text(json.dumps(config, indent=1))
     (dest / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 0}))
     save_sharded(_quantize_tensors(weights, fmt, quantize_mtp), dest)
+    return dest
+
+
+# ---------------------------------------------------------------- streaming writer (full-depth models)
+
+_ZERO_CENTRED_NORM = re.compile(
+    r"(input_layernorm|post_attention_layernorm|q_norm|k_norm|language_model\.norm)\.weight$")
+
+
+def _initial_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator, device: str) -> torch.Tensor:
+    """A float32 tensor initialised as qwen3_5_model's transformers initialisation does for ``name``: the (1 + w)
+    RMSNorms zero, other norm weights and dt_bias one, biases zero, A_log = log U(0.01, 16), the rest N(0, 0.02)."""
+    if _ZERO_CENTRED_NORM.search(name) or name.endswith(".bias"):
+        return torch.zeros(shape, device=device)
+    if "norm" in name and name.endswith(".weight") or name.endswith("dt_bias"):
+        return torch.ones(shape, device=device)
+    if name.endswith("A_log"):
+        return torch.empty(shape, device=device).uniform_(0.01, 16, generator=generator).log_()
+    return torch.randn(shape, generator=generator, device=device) * 0.02
+
+
+def _layer_of(name: str) -> int | None:
+    match = re.search(r"\.layers\.(\d+)\.", name)
+    return int(match.group(1)) if match and "visual" not in name else None
+
+
+def stream_hybrid_checkpoint(dest: str | Path, shape: HybridArch, fmt: str = "ct-w4a16", seed: int = 0,
+                             device: str = "cpu", layers_per_shard: int = 4, vocab: int | None = None,
+                             progress=print) -> Path:
+    """Write a random Qwen3_5ForConditionalGeneration of ``shape`` as an NVFP4 checkpoint in producer format
+    ``fmt``, one decoder layer at a time: each layer's float32 weights are made on ``device``, quantized there and
+    written with the other layers of its shard (``layers_per_shard`` layers a file; embeddings and the vision tower
+    first, lm_head last), so memory holds one shard of quantized tensors, never the dense model. Names and shapes
+    are transformers' own (the model built on the meta device); values follow its initialisation rules
+    (_initial_tensor). ``vocab`` (default: the local tokenizer's) sets the vocabulary, e.g. 248,320 for the real
+    model; token ids beyond the tokenizer's are never produced by it but exist in the embeddings and lm_head."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    vocab = max(vocab or 0, write_tokenizer(dest))
+    config = qwen3_5_config(shape, vocab)
+    names = {name: tuple(t.shape) for name, t in qwen3_5_model(config, device="meta").state_dict().items()}
+    config_file, quant_config = _quant_config(fmt, names)
+    if config_file == "config.json":
+        config["quantization_config"] = quant_config
+    else:
+        (dest / config_file).write_text(json.dumps(quant_config, indent=1))
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    (dest / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 0}))
+    groups: list[list[str]] = [[n for n in names if _layer_of(n) is None and not n.startswith("lm_head")]]
+    for first in range(0, shape.layers, layers_per_shard):
+        groups.append([n for n in names if _layer_of(n) in range(first, first + layers_per_shard)])
+    groups.append([n for n in names if n.startswith("lm_head")])
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weight_map, total = {}, 0
+    for index, group in enumerate(groups):
+        file = f"model-{index + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors: dict[str, torch.Tensor] = {}
+        for layer in dict.fromkeys(_layer_of(n) for n in group):  # one layer's dense weights at a time
+            dense = {n: _initial_tensor(n, names[n], generator, device) for n in group if _layer_of(n) == layer}
+            tensors.update({n: t.contiguous().cpu() for n, t in _quantize_tensors(dense, fmt).items()})
+            del dense
+        save_file(tensors, str(dest / file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in tensors})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        progress(f"  {file}: {len(tensors)} tensors, {total / 1e9:.2f} GB written so far")
+        del tensors
+    (dest / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     return dest

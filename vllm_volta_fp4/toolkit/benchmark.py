@@ -289,7 +289,10 @@ def bench_server(url: str, protocol: Protocol, model: str | None = None, api_key
     return run_protocol(target, protocol, target.max_model_len or 0, progress)
 
 
-def bench_offline(model: str, protocol: Protocol, engine_args: dict) -> list[ResultRow]:
+def bench_offline(model: str, protocol: Protocol, engine_args: dict,
+                  after_protocol: Callable[[OfflineTarget, int], None] | None = None) -> list[ResultRow]:
+    """The protocol on one offline engine per max-model-len; ``after_protocol(target, max_model_len)``, when
+    given, runs on each engine before it closes (e.g. a profiler pass over the same engine)."""
     rounds = len(protocol.max_model_lens) * len(protocol.batches) * protocol.repeats
     progress = Progress(rounds, "bench")
     rows = []
@@ -297,6 +300,8 @@ def bench_offline(model: str, protocol: Protocol, engine_args: dict) -> list[Res
         target = OfflineTarget(model, max_model_len, max(protocol.batches), engine_args)
         try:
             rows += run_protocol(target, protocol, max_model_len, progress)
+            if after_protocol is not None:
+                after_protocol(target, max_model_len)
         finally:
             target.close()
     return rows

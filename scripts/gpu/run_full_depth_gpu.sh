@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The seeds' benchmark at full depth (Qwen3.8-27B shape, 64 layers, vocabulary 248,320) on one H200, in stages that
+# each fit one device call (10 min), 64 GB of disk and the session's 30 device-minutes:
+#   here:   bash scripts/gpu/make_gpu_kit.sh 0.20.2
+#   device: kind nvidia-h200, carry [".gpu-kit-0.20.2"], one call per stage, back to back (the machine keeps
+#           /tmp only while warm: 30 s idle; a cold machine redoes build + kit + checkpoint, ~3-4 min of the call):
+#     STAGE=1 COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_full_depth_gpu.sh
+# Stages, in the order of the issue's goals (each pair ENGINE:MODE:MAX_MODEL_LENS is one engine per length):
+#   1  build, kit, the W4A16 checkpoint (~19 GB, streamed layer by layer on the GPU), w4a16:default:4096
+#   2  fp16:default:4096 (whole GPU, load_format=dummy), fp16-offload:default:4096 (cpu_offload_gb to fit 32 GB,
+#      through the kit's stand-in for vLLM's UVA op; if it fails, PCIe H2D is measured and the row is a MODEL)
+#   3  the same three engines at max-model-len 8192, default mode
+#   4  eager mode: w4a16, fp16 and fp16-offload at 4096 and 8192
+#   5  the ModelOpt mixed checkpoint (a second ~19 GB) and mixed:default:4096,8192
+# Device time: the engine starts dominate (27B weights from page cache, torch.compile, CUDA graphs); stages 1-3 are
+# planned for one session's 30 minutes, 4-5 for the next. PAIRS="w4a16:eager:4096 …" overrides a stage's list.
+# Every stage appends its rows to /tmp/full-depth/results.json (replacing rows of the same engine, mode and
+# length) and re-renders $OUT/full-depth-27b-h200.md and .png from all rows so far: copy them to
+# benchmarks/results/ after the last stage (a cold machine starts a fresh results.json: copy it back in first).
+set -uo pipefail
+STAGE=${STAGE:-1}
+WORK=${WORK:-/tmp/full-depth}
+KIT=${KIT:-.gpu-kit-0.20.2}
+step() { echo; echo "=== $1 ($(date +%T)) ==="; }
+case $STAGE in
+  1) stage_pairs="w4a16:default:4096" ;;
+  2) stage_pairs="fp16:default:4096 fp16-offload:default:4096" ;;
+  3) stage_pairs="w4a16:default:8192 fp16:default:8192 fp16-offload:default:8192" ;;
+  4) stage_pairs="w4a16:eager:4096,8192 fp16:eager:4096,8192 fp16-offload:eager:4096,8192" ;;
+  5) stage_pairs="mixed:default:4096,8192"; formats=ct-w4a16,modelopt-mixed ;;
+  *) echo "STAGE must be 1-5"; exit 2 ;;
+esac
+PAIRS=${PAIRS:-$stage_pairs}
+formats=${formats:-ct-w4a16}
+
+step build
+if python3 -c "import torch, vllm_volta_fp4._C" 2>/dev/null && [[ -d /tmp/site-${KIT#.gpu-kit-} ]]; then
+  OUT=${OUT:-/tmp/vvf4-out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  echo "warm machine: extension and kit already in place"
+else
+  source scripts/gpu/gpu_build.sh
+  step "install the vLLM kit $KIT"
+  KIT=$KIT source scripts/gpu/gpu_kit_install.sh
+fi
+export PYTHONPATH=/tmp/site-${KIT#.gpu-kit-}:$PYTHONPATH VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1 \
+  TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
+df -h /tmp | tail -1
+
+step "checkpoints: $formats"
+timeout 300 python3 benchmarks/full_depth_e2e.py checkpoint --workdir "$WORK" --formats "$formats" \
+  > "$OUT/checkpoint.log" 2>&1 || { tail -20 "$OUT/checkpoint.log"; exit 1; }
+tail -3 "$OUT/checkpoint.log"
+
+status=0
+for pair in $PAIRS; do
+  IFS=: read -r engine mode lengths <<< "$pair"
+  step "bench: $engine, $mode, max-model-len $lengths"
+  timeout "${PAIR_TIMEOUT:-360}" python3 benchmarks/full_depth_e2e.py bench --workdir "$WORK" --out-dir "$OUT" \
+    --engines "$engine" --modes "$mode" --max-model-lens "$lengths" --commit "${COMMIT:-uncommitted}" \
+    --preload scripts/gpu/uva_view_standin.py > "$OUT/bench-$engine-$mode-${lengths//,/-}.log" 2>&1 || status=1
+  grep -E "^wrote|Error|error:|tok/s" "$OUT/bench-$engine-$mode-${lengths//,/-}.log" | tail -6
+done
+cp "$WORK/results.json" "$OUT/full-depth-results.json" 2>/dev/null
+[[ -f "$OUT/full-depth-27b-h200.md" ]] && cat "$OUT/full-depth-27b-h200.md"
+step done
+# At most 8 files come back: the table, the plot, the rows, and the logs in one archive.
+rm -f "$OUT"/kit-install-*.log "$OUT/gpu.txt"
+(( status == 0 )) && rm -f "$OUT/build.log"
+tar czf "$OUT/full-depth-logs-stage$STAGE.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
+exit $status

@@ -1,0 +1,66 @@
+"""The V100 per-token budget model's arithmetic (benchmarks/v100_budget.py) on a tiny hybrid shape."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_volta_fp4.toolkit import planner
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "v100_budget.py"
+_spec = importlib.util.spec_from_file_location("v100_budget", _PATH)
+budget = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = budget
+_spec.loader.exec_module(budget)
+
+TINY = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "attn_output_gate": True, "vocab_size": 1000,
+    "full_attention_interval": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "model_type": "qwen3_5_text"}}
+W4A16, MIXED, FP16, OFFLOAD = budget.ENGINES
+
+
+@pytest.fixture(scope="module")
+def shape():
+    return planner.model_shape(TINY, Path("tiny"))
+
+
+def test_weights_at_4_5_bits_and_fp16_head(shape):
+    decoder, head, embed = budget.weight_bytes(shape, W4A16)
+    params = {m: r * c for m, r, c in planner.linear_shapes(shape)}
+    quantized = sum(p for m, p in params.items() if "embed" not in m and m != "lm_head"
+                    and not m.endswith(("in_proj_a", "in_proj_b")))
+    small = sum(p for m, p in params.items() if m.endswith(("in_proj_a", "in_proj_b")))
+    modules = sum(1 for m in params if "embed" not in m and m != "lm_head" and not m.endswith(("_a", "_b")))
+    assert decoder == quantized * 4.5 / 8 + 4 * modules + 2 * small  # + one fp32 global scale per tensor
+    assert head == embed == 1000 * 64 * 2
+    assert budget.weight_bytes(shape, FP16)[0] == 2 * (quantized + small)
+    assert budget.weight_bytes(shape, W4A16)[0] < budget.weight_bytes(shape, MIXED)[0]  # FP8 attention/GDN
+
+
+def test_decode_step_bytes(shape):
+    step = budget.decode_step(shape, W4A16, batch=2, context=100)
+    kv_per_token = 2 * 16 * 2 * 2  # K and V, 2 heads × 16, fp16
+    assert step.families["attention"].bytes == 1 * 2 * (101 * kv_per_token + 4 * 16 * 2 * 2)
+    state = 4 * 16 * 16 * 2  # value heads × dk × dv × fp16
+    assert step.families["GDN"].bytes > 3 * 2 * 2 * state
+    decoder, head, _ = budget.weight_bytes(shape, W4A16)
+    assert step.families["linear"].bytes > decoder + head
+    assert step.pcie_bytes == 0  # the tiny model fits without offload
+
+
+def test_time_is_the_sum_of_family_rooflines(shape):
+    step = budget.Step()
+    step.families["linear"] = budget.Cost(bytes=870e6, flops=1e9)  # 1 ms of memory, 8 µs of compute
+    step.families["attention"] = budget.Cost(bytes=0, flops=125e9)  # 1 ms of compute
+    step.pcie_bytes = 11e6  # 1 ms at 11 GB/s
+    assert step.seconds(870e9, 125e12, 11e9) == pytest.approx(3e-3)
+
+
+def test_prefill_dequantizes_for_volta_nvfp4_only(shape):
+    assert "dequantize" in budget.prefill_step(shape, W4A16, 256).families
+    assert "dequantize" not in budget.prefill_step(shape, FP16, 256).families
