@@ -119,10 +119,34 @@ def _qwen3_5(config: Mapping, architecture: str) -> ModelSpec:
             raise ConfigFieldError(f"'layer_types' names layer {layer} '{kind}'; expected full_attention or "
                                    "linear_attention")
     if isinstance(config.get("vision_config"), Mapping):
-        spec.loose[r"model\.visual\."] = "the vision tower (vision_config)"
-        spec.required_loose.add(r"model\.visual\.")
+        _vision_tower(spec, config["vision_config"], hidden)
     spec.loose[r"mtp\."] = "the multi-token-prediction head"
     return spec
+
+
+def _vision_tower(spec: ModelSpec, vision: Mapping, text_hidden: int) -> None:
+    """The Qwen3.5 vision tower vLLM loads unless asked for text only: the tensors named here must be present with
+    these shapes (stored in 16 bits); any other tensor under model.visual is left to vLLM's model code."""
+    width, inner = _int(vision, "hidden_size"), _int(vision, "intermediate_size", 4 * _int(vision, "hidden_size"))
+    merged = width * _int(vision, "spatial_merge_size", 2) ** 2
+    patch, temporal = _int(vision, "patch_size", 16), _int(vision, "temporal_patch_size", 2)
+    v = "model.visual."
+    spec.tensors[f"{v}patch_embed.proj.weight"] = (width, _int(vision, "in_channels", 3), temporal, patch, patch)
+    spec.tensors[f"{v}patch_embed.proj.bias"] = (width,)
+    if "num_position_embeddings" in vision:
+        spec.tensors[f"{v}pos_embed.weight"] = (_int(vision, "num_position_embeddings"), width)
+    for block in range(_int(vision, "depth")):
+        b = f"{v}blocks.{block}."
+        for norm in ("norm1", "norm2"):
+            spec.tensors.update({f"{b}{norm}.weight": (width,), f"{b}{norm}.bias": (width,)})
+        for name, rows, cols in (("attn.qkv", 3 * width, width), ("attn.proj", width, width),
+                                 ("mlp.linear_fc1", inner, width), ("mlp.linear_fc2", width, inner)):
+            spec.tensors.update({f"{b}{name}.weight": (rows, cols), f"{b}{name}.bias": (rows,)})
+    out = _int(vision, "out_hidden_size", text_hidden)
+    spec.tensors.update({f"{v}merger.norm.weight": (width,), f"{v}merger.norm.bias": (width,),
+                         f"{v}merger.linear_fc1.weight": (merged, merged), f"{v}merger.linear_fc1.bias": (merged,),
+                         f"{v}merger.linear_fc2.weight": (out, merged), f"{v}merger.linear_fc2.bias": (out,)})
+    spec.loose[r"model\.visual\."] = "the vision tower (vision_config)"
 
 
 _BUILDERS = {

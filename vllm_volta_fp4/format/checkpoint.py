@@ -187,7 +187,7 @@ def _parse_modelopt(config: Mapping, where: str) -> QuantFormat:
     if not algorithm:
         raise CheckpointError("ModelOpt config has no quant_algo", file=where,
                               fix="the checkpoint's quantization config is incomplete; re-export it with ModelOpt")
-    exclude = list(body.get("exclude_modules") or body.get("ignore") or [])
+    exclude = _string_list(body.get("exclude_modules") or body.get("ignore") or [], "exclude_modules", where)
     if algorithm == "MIXED_PRECISION":
         layers = body.get("quantized_layers") or {}
         if not layers:
@@ -201,6 +201,13 @@ def _parse_modelopt(config: Mapping, where: str) -> QuantFormat:
         raise CheckpointError(f"this is a ModelOpt {algorithm} checkpoint, not NVFP4", file=where,
                               fix="serve it with vLLM's own 'modelopt' method; volta_nvfp4 is for NVFP4 checkpoints")
     return QuantFormat(MODELOPT, algorithm, exclude, scheme)
+
+
+def _string_list(value, key: str, where: str) -> list[str]:
+    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+        raise CheckpointError(f"'{key}' is {value!r}, not a list of module names", file=where,
+                              fix="the checkpoint's quantization config is damaged")
+    return value
 
 
 def _ct_group_scheme(name: str, group: Mapping, group_format: str | None, where: str) -> LayerScheme:
@@ -252,7 +259,8 @@ def _parse_compressed_tensors(config: Mapping, where: str) -> QuantFormat:
     if not any(scheme.kind == NVFP4 for _, scheme in target_groups):
         raise CheckpointError("no compressed-tensors config group is NVFP4", file=where,
                               fix="serve FP8-only checkpoints with vLLM's own compressed-tensors method")
-    return QuantFormat(COMPRESSED_TENSORS, top_format, list(config.get("ignore") or []), UNQUANTIZED_SCHEME,
+    return QuantFormat(COMPRESSED_TENSORS, top_format, _string_list(config.get("ignore") or [], "ignore", where),
+                       UNQUANTIZED_SCHEME,
                        target_groups=target_groups)
 
 
