@@ -89,7 +89,7 @@ def config_damages(model_dir: Path, fmt: str, arch: str) -> list[damage.Damage]:
     """Configs with fields missing, of the wrong type, or describing another model; all must be refused."""
     edit = damage.edit_json
     cases = [edit("config.json", "a JSON list", lambda d: []),
-             edit("config.json", "num_hidden_layers missing", lambda d: _text(d).pop("num_hidden_layers")),
+             edit("config.json", "num_hidden_layers missing", lambda d: _text(d).pop("num_hidden_layers") and None),
              edit("config.json", "hidden_size a string", lambda d: _text(d).update(hidden_size="320")),
              edit("config.json", "one layer fewer", lambda d: _text(d).update(
                  num_hidden_layers=_text(d)["num_hidden_layers"] - 1, **(
@@ -139,7 +139,7 @@ def config_damages(model_dir: Path, fmt: str, arch: str) -> list[damage.Damage]:
             cases += [edit("config.json", "a layer's group_size a string", layer_group_size),
                       edit("config.json", "quantized_layers a list", _set((*q, "quantized_layers"), [])),
                       edit("config.json", "a layer missing from quantized_layers", lambda d: d[q[0]][
-                          "quantized_layers"].pop(sorted(d[q[0]]["quantized_layers"])[0]))]
+                          "quantized_layers"].pop(sorted(d[q[0]]["quantized_layers"])[0]) and None)]
     return cases
 
 

@@ -471,13 +471,14 @@ class Checkpoint:
             if names[role] not in present:
                 expected = "stored unquantized" if scheme.kind == UNQUANTIZED else f"{scheme.kind}"
                 raise CheckpointError(
-                    f"missing tensor: the config says '{module}' is {expected}",
+                    f"missing tensor: the quantization config ({self.config_file.name}) says '{module}' is {expected}",
                     file=self._file_of(module, present), tensor=f"{module}.{names[role]}",
                     fix="the checkpoint is incomplete or does not match its quantization config")
         allowed = set(names.values()) | {"bias", "weight_shape", *_KV_CACHE_SCALES}
         for extra in sorted(present - allowed):
             raise CheckpointError(
-                f"unexpected tensor for a {scheme.kind} layer", file=self._file_of(module, present),
+                f"unexpected tensor for a {scheme.kind} layer (the quantization config, {self.config_file.name}, "
+                f"says '{module}' is {scheme.kind})", file=self._file_of(module, present),
                 tensor=f"{module}.{extra}",
                 fix="the checkpoint does not match its quantization config (wrong producer or scheme?)")
         if scheme.kind == NVFP4:

@@ -108,7 +108,7 @@ def unexpected_tensor(module: str, shard: str) -> Damage:
 
 
 def edit_json(file: str, label: str, edit: Callable[[dict], object]) -> Damage:
-    """``edit`` changes the parsed JSON in place, or returns a replacement for the whole document."""
+    """``edit`` changes the parsed JSON in place and returns None, or returns a replacement for the whole document."""
     def apply(model_dir: Path) -> None:
         document = json.loads((model_dir / file).read_text())
         replaced = edit(document)
