@@ -199,7 +199,10 @@ def test_compressed_tensors_zero_encode_scale_is_refused(fresh_checkpoint):
 
 
 def test_k_not_a_multiple_of_16_is_refused(fresh_checkpoint):
+    """For an architecture outside the table (a known one would refuse the shape against config.json first)."""
     directory = fresh_checkpoint("modelopt-w4a16")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "architectures": ["SomeOtherForCausalLM"]}))
 
     def shrink(tensors):  # K = 24: 12 packed bytes per row, 1.5 blocks
         tensors[f"{GATE}.weight"] = tensors[f"{GATE}.weight"][:, :12].contiguous()
@@ -324,3 +327,12 @@ def test_qwen3_5_hybrid_checkpoints_keep_their_real_exclusions(tmp_path, fmt):
         assert modules[name].kind == UNQUANTIZED, name
     assert not any(part in name for name in modules for part in ("conv1d", "A_log", "dt_bias", "norm"))
     assert sum(scheme.kind != UNQUANTIZED for scheme in modules.values()) == 25  # 3 × 6 + 7
+
+
+def test_an_architecture_outside_the_table_is_validated_as_far_as_possible_and_says_so(fresh_checkpoint):
+    directory = fresh_checkpoint("ct-w4a16")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "architectures": ["SomeOtherForCausalLM"]}))
+    checkpoint = Checkpoint(directory)
+    assert checkpoint.validate()[GATE].kind == NVFP4
+    assert len(checkpoint.notes) == 1 and "SomeOtherForCausalLM is not one volta-fp4 knows" in checkpoint.notes[0]

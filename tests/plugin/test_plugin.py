@@ -84,7 +84,8 @@ def test_unasked_nvfp4_is_claimed_only_below_turing(monkeypatch, tiny_checkpoint
         assert claimed_as == ("volta_nvfp4" if claimed else None)
     awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
     assert config.VoltaNvfp4Config.override_quantization_method(awq, None) is None
-    assert config.VoltaNvfp4Config.override_quantization_method(awq, "volta_nvfp4") is None
+    with pytest.raises(config.CheckpointRefused, match=r"unknown quantization config \(quant_method 'awq'\)"):
+        config.VoltaNvfp4Config.override_quantization_method(awq, "volta_nvfp4")  # asked for by name: say why not
     nvfp4, _ = read_quant_config(tiny_checkpoints["modelopt-nvfp4"])
     assert config.VoltaNvfp4Config.override_quantization_method(nvfp4, "modelopt_fp4") is None
 
@@ -197,7 +198,22 @@ def test_a_shard_missing_from_the_checkpoint_is_caught_after_loading(simulated_t
     layer = _build("qkv", _quant_config(tiny_checkpoints["ct-w4a16"]), LLAMA_SIZES)
     for name, shard_id in (("self_attn.q_proj", "q"), ("self_attn.k_proj", "k")):  # v never arrives
         _load_checkpoint_tensors(layer, checkpoint, "model.layers.0." + name, shard_id)
-    with pytest.raises(ValueError, match="never loaded"):
+    with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.qkv_proj.weight_packed' "
+                       r"\(fused shard \[2\] of 3\) was never loaded"):
+        layer.quant_method.process_weights_after_loading(layer)
+
+
+@requires_vllm
+def test_a_nan_global_scale_is_reported_as_nan_not_as_never_loaded(simulated_tp, tiny_checkpoints):
+    """The loaded-flag, not the scale's value, says whether a tensor arrived: a loaded NaN is called NaN."""
+    checkpoint = Checkpoint(tiny_checkpoints["modelopt-w4a16"])
+    simulated_tp(0, 1)
+    layer = _build("gate_up", _quant_config(tiny_checkpoints["modelopt-w4a16"]), LLAMA_SIZES)
+    for name, shard_id in (("mlp.gate_proj", 0), ("mlp.up_proj", 1)):
+        _load_checkpoint_tensors(layer, checkpoint, "model.layers.0." + name, shard_id)
+    layer.weight_scale_2.data[1] = float("nan")
+    with pytest.raises(ValueError, match=r"global scale 'weight_scale_2' of layer 'model.layers.0.mlp.gate_up_proj' is "
+                       r"\[.*nan\]; scales must be finite"):
         layer.quant_method.process_weights_after_loading(layer)
 
 

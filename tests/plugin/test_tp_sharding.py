@@ -174,8 +174,10 @@ def test_a_tensor_spanning_several_fused_shards_scales_each_of_them(simulated_tp
     def loader_of_vllm_0_19(param, loaded_weight, shard_id=None):  # its PerTensorScaleParameter behaviour
         param.data[0 if shard_id is None or isinstance(shard_id, tuple) else shard_id] = loaded_weight
 
-    scale = per_shard_scale(4, loader_of_vllm_0_19)
+    layer = torch.nn.Module()
+    scale = per_shard_scale(layer, "weight_scale_2", 4, loader_of_vllm_0_19)
     scale.weight_loader(scale, torch.tensor(2.0), (0, 1, 2))
-    assert scale.data[3].isnan()  # shard 3 not loaded yet: still the "never loaded" sentinel
+    assert layer.volta_loaded["weight_scale_2"] == {0, 1, 2}  # shard 3 not loaded yet, and known not to be
     scale.weight_loader(scale, torch.tensor(5.0), 3)
     assert scale.data.tolist() == [2.0, 2.0, 2.0, 5.0]
+    assert layer.volta_loaded["weight_scale_2"] == {0, 1, 2, 3}

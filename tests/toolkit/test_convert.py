@@ -4,6 +4,7 @@ the safetensors files, not through Checkpoint), loadable by transformers, no ove
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -63,7 +64,7 @@ def test_output_equals_the_reference_dequantization(tiny_checkpoints, tmp_path, 
     for name, tensor in expected.items():
         assert converted[name].dtype == torch.float16 and torch.equal(converted[name], tensor), name
     config = json.loads((dst / "config.json").read_text())
-    assert "quantization_config" not in config and config["torch_dtype"] == "float16"
+    assert "quantization_config" not in config and config["dtype"] == config["torch_dtype"] == "float16"
     assert not (dst / "hf_quant_config.json").exists()
 
 
@@ -95,12 +96,14 @@ def test_refuses_to_overwrite_without_force_and_shows_progress(tiny_checkpoints,
     assert first.returncode == 0, first.stderr
     converted = len(read_all(dst))
     assert f"convert: {converted}/{converted}" in first.stderr and f"verify: {converted}/{converted}" in first.stderr
+    refused = convert()
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert convert("--force").returncode == 0 and len(read_all(dst)) == converted  # a previous conversion is replaced
     marker = dst / "keep-me"
     marker.write_text("user data")
-    refused = convert()
-    assert refused.returncode == 2 and "--force" in refused.stderr and marker.exists()
-    assert convert("--force").returncode == 0
-    assert not marker.exists() and len(read_all(dst)) == converted
+    refused = convert("--force")  # ... but never a file convert did not write
+    assert refused.returncode == 2 and "'keep-me', which convert did not write" in refused.stderr
+    assert marker.read_text() == "user data" and len(read_all(dst)) == converted
 
 
 def test_qwen3_5_hybrid_converts_and_runs_in_transformers(tmp_path):
@@ -122,3 +125,63 @@ def test_qwen3_5_hybrid_converts_and_runs_in_transformers(tmp_path):
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[5, 17, 42, 99, 7]])).logits
     assert logits.shape[-1] == model.config.text_config.vocab_size and torch.isfinite(logits).all()
+
+
+def _tree(directory) -> dict[str, bytes]:
+    return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*"))
+            if path.is_file()}
+
+
+@pytest.mark.parametrize("where", ["the source itself", "the source's parent", "inside the source"])
+def test_force_never_touches_the_source_or_its_surroundings(fresh_checkpoint, capsys, where):
+    src = fresh_checkpoint("ct-w4a16")
+    unrelated = src.parent / "unrelated.txt"
+    unrelated.write_text("someone else's data")
+    before = _tree(src.parent)
+    dst = {"the source itself": src, "the source's parent": src.parent, "inside the source": src / "dense"}[where]
+    assert main(["convert", str(src), str(dst), "--force"]) == 2
+    message = capsys.readouterr().err
+    assert "write the conversion to a separate directory" in message and "Traceback" not in message
+    assert _tree(src.parent) == before
+
+
+@pytest.mark.parametrize("kind", ["an existing file", "below a file"])
+def test_a_destination_that_cannot_be_a_directory_is_a_clear_error(tiny_checkpoints, tmp_path, capsys, kind):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    dst = blocker if kind == "an existing file" else blocker / "dense"
+    assert main(["convert", str(tiny_checkpoints["ct-w4a16"]), str(dst)]) == 2
+    message = capsys.readouterr().err
+    assert str(dst) in message and "Traceback" not in message and message.count("\n") == 1
+    assert blocker.read_text() == "not a directory"
+
+
+def test_a_checkpoint_inspect_refuses_is_not_converted(fresh_checkpoint, tmp_path, capsys):
+    src = fresh_checkpoint("ct-w4a16")
+    module = "model.layers.0.mlp.up_proj"
+    index_file = src / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    shard = src / index["weight_map"].pop(f"{module}.weight_packed")
+    tensors = load_file(shard)
+    del tensors[f"{module}.weight_packed"]
+    from safetensors.torch import save_file
+
+    save_file(tensors, shard)
+    index_file.write_text(json.dumps(index))
+    assert main(["inspect", str(src)]) == 2
+    refusal = capsys.readouterr().err.partition(": ")[2]
+    assert main(["convert", str(src), str(tmp_path / "dense")]) == 2
+    assert capsys.readouterr().err.partition(": ")[2] == refusal and f"{module}.weight_packed" in refusal
+    assert not (tmp_path / "dense").exists()
+
+
+def test_written_files_follow_the_umask_and_transformers_reads_the_dtype(tiny_checkpoints, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    previous = os.umask(0o027)
+    try:
+        dst = convert_to_dense(tiny_checkpoints["modelopt-w4a16"], tmp_path / "dense", dtype=torch.float32)
+    finally:
+        os.umask(previous)
+    assert {path.name: path.stat().st_mode & 0o777 for path in dst.iterdir()} == {
+        path.name: 0o640 for path in dst.iterdir()}
+    assert transformers.AutoConfig.from_pretrained(dst).dtype == torch.float32  # the source said float16

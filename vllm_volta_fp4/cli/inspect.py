@@ -20,6 +20,8 @@ def run(args) -> int:
     fmt = checkpoint.format
     print(f"{args.model_dir}: {fmt.producer} {fmt.algorithm} (config: {checkpoint.config_file.name}), "
           f"{len(checkpoint.tensors)} tensors, valid")
+    for note in checkpoint.notes:
+        print(f"note: {note}")
     counts = Counter(scheme.kind for scheme in modules.values())
     print("layers: " + ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items())))
     if args.layers:

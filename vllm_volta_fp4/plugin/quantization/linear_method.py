@@ -13,15 +13,52 @@ from vllm_volta_fp4.plugin.compat import LinearMethodBase, PerTensorScaleParamet
 PREPARED_PREFIX = "volta_"
 
 
-def unloaded_sentinel(shape: tuple[int, ...]) -> torch.Tensor:
-    """Scales start as NaN so a shard the checkpoint never filled is caught after loading, not served."""
-    return torch.full(shape, float("nan"), dtype=torch.float32)
+# vLLM's shard ids of the q, k and v projections fused into one QKVParallelLinear; merged layers use 0, 1, ...
+_QKV_SHARDS = {"q": 0, "k": 1, "v": 2}
 
 
-def per_shard_scale(shards: int, weight_loader) -> PerTensorScaleParameter:
-    """One per-tensor scale per fused shard, NaN until loaded. A checkpoint tensor that spans several shards
-    (Qwen3.5's in_proj_qkv → shards 0, 1, 2 of in_proj_qkvz) arrives with a tuple shard id; vLLM 0.19.1 and 0.20
-    then write its scale into slot 0 only (0.32 fills every slot), so each shard it covers is loaded here."""
+def _shard_indices(shard_id, shards: int) -> set[int]:
+    """The fused shards one weight-loader call fills: all of them for an unfused (or already fused) tensor, one for
+    a shard id, several for a tuple (Qwen3.5's in_proj_qkv → shards 0, 1, 2 of in_proj_qkvz)."""
+    if shard_id is None:
+        return set(range(shards))
+    ids = shard_id if isinstance(shard_id, tuple) else (shard_id,)
+    return {_QKV_SHARDS.get(one, one) for one in ids}
+
+
+def tracked(layer, name: str, shards: int, weight_loader, *, required: bool = True):
+    """``weight_loader`` that also records, on ``layer.volta_loaded[name]``, which fused shards the checkpoint really
+    filled, so that after loading a tensor it never provided is an error, whatever its memory holds."""
+    if not hasattr(layer, "volta_loaded"):
+        layer.volta_loaded, layer.volta_required = {}, {}
+    layer.volta_loaded[name] = set()
+    if required:
+        layer.volta_required[name] = shards
+
+    def load(param, loaded_weight, shard_id=None):
+        if shard_id is None:
+            weight_loader(param, loaded_weight)
+        else:
+            weight_loader(param, loaded_weight, shard_id)
+        layer.volta_loaded[name].update(_shard_indices(shard_id, shards))
+
+    return load
+
+
+def check_loaded(layer, prefix: str) -> None:
+    """Raise when a required checkpoint tensor (or one fused shard of it) was never loaded."""
+    for name, shards in getattr(layer, "volta_required", {}).items():
+        missing = sorted(set(range(shards)) - layer.volta_loaded[name])
+        if missing:
+            which = "" if shards == 1 else f" (fused shard{'s' if len(missing) > 1 else ''} {missing} of {shards})"
+            raise ValueError(f"volta_nvfp4: tensor '{prefix}.{name}'{which} was never loaded from the checkpoint. The "
+                             "checkpoint is incomplete; run `volta-fp4 inspect` on it")
+
+
+def per_shard_scale(layer, name: str, shards: int, weight_loader, *, required: bool = True) -> PerTensorScaleParameter:
+    """One per-tensor scale per fused shard, tracked as loaded shard by shard. A checkpoint tensor that spans several
+    shards arrives with a tuple shard id; vLLM 0.19.1 and 0.20 then write its scale into slot 0 only (0.32 fills
+    every slot), so each shard it covers is loaded here."""
 
     def load(param, loaded_weight, shard_id=None):
         if shard_id is None:
@@ -29,14 +66,12 @@ def per_shard_scale(shards: int, weight_loader) -> PerTensorScaleParameter:
         for shard in shard_id if isinstance(shard_id, tuple) else (shard_id,):
             weight_loader(param, loaded_weight, shard)
 
-    return PerTensorScaleParameter(data=unloaded_sentinel((shards,)), weight_loader=load)
+    return PerTensorScaleParameter(data=torch.zeros(shards, dtype=torch.float32),
+                                   weight_loader=tracked(layer, name, shards, load, required=required))
 
 
 def checked_scales(values: torch.Tensor, prefix: str, what: str) -> torch.Tensor:
-    """``values`` as float32 after checking every one was loaded and is usable."""
-    if torch.isnan(values).any():
-        raise ValueError(f"volta_nvfp4: {what} of layer '{prefix}' was never loaded from the checkpoint "
-                         "(a shard is missing)")
+    """``values`` as float32 after checking every one is usable (whether they were loaded is check_loaded's)."""
     if not (torch.isfinite(values).all() and (values > 0).all()):
         raise ValueError(f"volta_nvfp4: {what} of layer '{prefix}' is {values.tolist()}; scales must be finite and "
                          "positive. The checkpoint is damaged; re-quantize this layer")
@@ -74,6 +109,7 @@ class QuantizedLinearMethod(LinearMethodBase):
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer) -> None:
+        check_loaded(layer, self.prefix)
         tensors = self.serving_tensors(layer)
         if runs_our_kernels(next(iter(tensors.values()))):
             tensors = type(self).prepare(*tensors.values())

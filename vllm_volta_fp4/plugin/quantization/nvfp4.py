@@ -18,6 +18,7 @@ from vllm_volta_fp4.plugin.quantization.linear_method import (
     checked_scales,
     expand_to_rows,
     per_shard_scale,
+    tracked,
 )
 
 
@@ -37,15 +38,17 @@ class NvFp4LinearMethod(QuantizedLinearMethod):
         loader = extra_weight_attrs["weight_loader"]
         rows, shards = sum(output_partition_sizes), len(output_partition_sizes)
         layer.volta_partition_sizes = list(output_partition_sizes)
-        layer.register_parameter(self.names["packed"], ModelWeightParameter(
-            data=torch.empty(rows, input_size_per_partition // 2, dtype=torch.uint8),
-            input_dim=1, output_dim=0, weight_loader=loader))
-        layer.register_parameter(self.names["block_scale"], ModelWeightParameter(
-            data=torch.empty(rows, input_size_per_partition // BLOCK_SIZE, dtype=torch.float8_e4m3fn),
-            input_dim=1, output_dim=0, weight_loader=loader))
-        layer.register_parameter(self.names["global_scale"], per_shard_scale(shards, loader))
+        for role, columns, dtype in (("packed", input_size_per_partition // 2, torch.uint8),
+                                     ("block_scale", input_size_per_partition // BLOCK_SIZE, torch.float8_e4m3fn)):
+            name = self.names[role]
+            layer.register_parameter(name, ModelWeightParameter(
+                data=torch.empty(rows, columns, dtype=dtype), input_dim=1, output_dim=0,
+                weight_loader=tracked(layer, name, shards, loader)))
+        name = self.names["global_scale"]
+        layer.register_parameter(name, per_shard_scale(layer, name, shards, loader))
         if self.scheme.quantized_activations:  # loaded so the checkpoint loads cleanly, then dropped
-            layer.register_parameter(self.names["input_scale"], per_shard_scale(shards, loader))
+            name = self.names["input_scale"]
+            layer.register_parameter(name, per_shard_scale(layer, name, shards, loader, required=False))
 
     def serving_tensors(self, layer) -> dict[str, torch.Tensor]:
         stored = getattr(layer, self.names["global_scale"]).data
