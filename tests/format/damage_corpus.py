@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_volta_fp4.testing import damage
+from devkit import damage
 from vllm_volta_fp4.testing.tiny_model import tiny_arch
 
 # Layers whose tensors are damaged one by one: every layer of the two-layer models; of the hybrid one Gated-DeltaNet

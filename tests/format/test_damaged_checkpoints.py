@@ -19,9 +19,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devkit import damage
 from tests.format import damage_corpus
 from vllm_volta_fp4.cli import main
-from vllm_volta_fp4.testing import damage
 from vllm_volta_fp4.testing.tiny_model import ARCHS, FORMATS, make_tiny_checkpoint
 
 CHECKPOINTS = [(arch, fmt) for arch in ARCHS for fmt in FORMATS]

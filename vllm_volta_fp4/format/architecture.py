@@ -121,8 +121,34 @@ def _qwen3_5(config: Mapping, architecture: str) -> ModelSpec:
                                    "linear_attention")
     if isinstance(config.get("vision_config"), Mapping):
         _vision_tower(spec, config["vision_config"], hidden)
-    spec.loose[r"mtp\."] = "the multi-token-prediction head"
+    _mtp_head(spec, text, hidden, heads, kv_heads, head_dim)
     return spec
+
+
+def _mtp_head(spec: ModelSpec, text: Mapping, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+    """The multi-token-prediction module (``mtp_num_hidden_layers`` full-attention decoder layers behind an fc over
+    [embedding, hidden]). Optional: vLLM reads it only when speculating, and some exports drop it; where it is
+    stored, its tensors are held to these shapes and their own quantization scheme (16 bits or NVFP4)."""
+    layers = text.get("mtp_num_hidden_layers", 0)
+    if layers in (0, None):
+        return
+    layers = _int(text, "mtp_num_hidden_layers")
+    names = {"mtp.fc": None}
+    spec.linears["mtp.fc"] = (hidden, 2 * hidden)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        names[f"mtp.{norm}.weight"] = spec.tensors[f"mtp.{norm}.weight"] = (hidden,)
+    before = set(spec.linears) | set(spec.tensors)
+    intermediate = _int(text, "intermediate_size")
+    for layer in range(layers):
+        p = f"mtp.layers.{layer}."
+        spec.tensors[f"{p}input_layernorm.weight"] = (hidden,)
+        spec.tensors[f"{p}post_attention_layernorm.weight"] = (hidden,)
+        spec.linears[f"{p}mlp.gate_proj"] = (intermediate, hidden)
+        spec.linears[f"{p}mlp.up_proj"] = (intermediate, hidden)
+        spec.linears[f"{p}mlp.down_proj"] = (hidden, intermediate)
+        _attention(spec, p, hidden, heads, kv_heads, head_dim, qk_norm=True,
+                   output_gate=bool(text.get("attn_output_gate", True)))
+    spec.optional.update(names, (set(spec.linears) | set(spec.tensors)) - before)
 
 
 def _vision_tower(spec: ModelSpec, vision: Mapping, text_hidden: int) -> None:

@@ -692,6 +692,8 @@ class ModelCheck:
     def _check_plain(self, name: str, shape: tuple[int, ...]) -> None:
         info = self.checkpoint.tensors.get(name)
         if info is None:
+            if name in self.spec.optional:
+                return
             raise self._missing(name, f"'{name}' of shape {list(shape)}")
         if info.dtype not in _FLOAT_DTYPES:
             raise CheckpointError(f"has dtype {info.dtype}, expected a 16- or 32-bit float "
