@@ -75,9 +75,10 @@ def _driver_extension() -> tuple[list, dict]:
         include_dirs=[os.path.abspath("csrc"), torch_include],
         define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000")],  # torch 2.10's stable ABI
         extra_compile_args=["-O2", "-std=c++17"],
-        library_dirs=[stub_dir],
-        libraries=["torch_cpu", "dl"],
-        extra_link_args=["-Wl,--no-as-needed", "-Wl,--allow-shlib-undefined", "-Wl,-rpath,$ORIGIN/../torch/lib"],
+        libraries=["dl"],
+        # --no-as-needed before -ltorch_cpu: the stub defines nothing, and the linker would otherwise drop it.
+        extra_link_args=["-Wl,--no-as-needed", f"-L{stub_dir}", "-ltorch_cpu", "-Wl,--as-needed",
+                         "-Wl,--allow-shlib-undefined", "-Wl,-rpath,$ORIGIN/../torch/lib"],
         py_limited_api=True,
     )
     return [extension], {}
