@@ -26,8 +26,8 @@ def _toolchain_or_skip() -> None:
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
 def test_host_code_launches_the_kernel_table(tmp_path):
     program = tmp_path / "names.cpp"
-    program.write_text('#include <cstdio>\n#include "gemm/weight_gemm_plan.h"\n'
-                       "int main() { for (const auto& n : volta_fp4::launched_kernel_names()) std::puts(n.c_str()); }\n")
+    program.write_text('#include <cstdio>\n#include "gemm/weight_gemm_plan.h"\nint main() {\n'
+                       "  for (const auto& n : volta_fp4::launched_kernel_names()) std::puts(n.c_str());\n}\n")
     subprocess.run(["g++", "-std=c++17", f"-I{REPO / 'csrc'}", str(program), "-o", str(tmp_path / "names")],
                    check=True)
     launched = subprocess.run([str(tmp_path / "names")], check=True, capture_output=True, text=True).stdout.split("\n")
