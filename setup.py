@@ -40,7 +40,53 @@ def _why_extension_cannot_build() -> str | None:
     return None
 
 
+def _driver_extension() -> tuple[list, dict]:
+    """The extension without nvcc (VLLM_VOLTA_FP4_DRIVER_BUILD=1, tools/build_wheel.sh): the GEMM kernels compiled
+    by NVRTC + ptxas into vllm_volta_fp4/kernels/ (sm_70 cubin, compute_80 PTX), host code csrc/driver/*.cpp built
+    by the C++ compiler against torch's stable ABI (headers from VLLM_VOLTA_FP4_TORCH_INCLUDE or the build
+    environment's torch). libtorch_cpu is linked by name only (a stub at link time): the process's torch provides
+    it at run time, so one binary serves every torch >= 2.10."""
+    import subprocess
+    import sysconfig
+
+    from setuptools import Extension
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import sm70_check
+
+    _say("driver build: compiling the kernel image with NVRTC + ptxas (sm_70 cubin, compute_80 PTX)")
+    reports = sm70_check.build_image(sm70_check.REPO / sm70_check.IMAGE_DIR)
+    _say(f"driver build: {len(reports)} kernels, sm_70 machine code for each")
+    torch_include = os.environ.get("VLLM_VOLTA_FP4_TORCH_INCLUDE")
+    if not torch_include:
+        import torch.utils.cpp_extension
+
+        torch_include = torch.utils.cpp_extension.include_paths()[0]
+    stub_dir = os.path.abspath(os.path.join("build", "torch_stub"))
+    os.makedirs(stub_dir, exist_ok=True)
+    stub_source = os.path.join(stub_dir, "empty.c")
+    open(stub_source, "w").close()
+    compiler = sysconfig.get_config_var("CC").split()[0] if sysconfig.get_config_var("CC") else "cc"
+    subprocess.run([compiler, "-shared", "-o", os.path.join(stub_dir, "libtorch_cpu.so"),
+                    "-Wl,-soname,libtorch_cpu.so", stub_source], check=True)
+    extension = Extension(
+        name="vllm_volta_fp4._C",
+        sources=sorted(glob.glob("csrc/driver/*.cpp")),
+        include_dirs=[os.path.abspath("csrc"), torch_include],
+        define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000")],  # torch 2.10's stable ABI
+        extra_compile_args=["-O2", "-std=c++17"],
+        libraries=["dl"],
+        # --no-as-needed before -ltorch_cpu: the stub defines nothing, and the linker would otherwise drop it.
+        extra_link_args=["-Wl,--no-as-needed", f"-L{stub_dir}", "-ltorch_cpu", "-Wl,--as-needed",
+                         "-Wl,--allow-shlib-undefined", "-Wl,-rpath,$ORIGIN/../torch/lib"],
+        py_limited_api=True,
+    )
+    return [extension], {}
+
+
 def _extensions() -> tuple[list, dict]:
+    if _envs().driver_build():
+        return _driver_extension()
     forced = _envs().build_extension()
     if forced is False:
         _say("building pure Python, without the CUDA extension: VLLM_VOLTA_FP4_BUILD_EXT=0")
@@ -71,4 +117,10 @@ def _extensions() -> tuple[list, dict]:
 
 
 ext_modules, cmdclass = _extensions()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+driver = _envs().driver_build()
+setup(
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    package_data={"vllm_volta_fp4": ["kernels/*"]} if driver else {},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}} if driver else {},
+)

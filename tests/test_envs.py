@@ -13,7 +13,7 @@ from vllm_volta_fp4 import envs
 
 READERS = {envs.ATTENTION: envs.attention_choice, envs.GDN: envs.gdn_choice, envs.MMA: envs.mma_atom,
            envs.GEMV_MAX_M: envs.gemv_max_m, envs.CUBLAS_MIN_M: envs.cublas_min_m,
-           envs.BUILD_EXT: envs.build_extension}
+           envs.BUILD_EXT: envs.build_extension, envs.DRIVER_BUILD: envs.driver_build}
 REPO = Path(__file__).resolve().parents[1]
 
 

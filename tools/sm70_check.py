@@ -7,7 +7,9 @@ csrc/gemm/weight_gemm.cuh → PTX (NVRTC, every kernel instantiation the extensi
 Fails when a kernel spills registers, needs more than Volta's 96 KB of shared memory per block, or when the PTX
 lacks the Volta HMMA instruction (mma.sync.aligned.m8n8k4). Prints registers, spills and shared memory per kernel.
 
-    python tools/sm70_check.py [--keep DIR]
+    python tools/sm70_check.py [--keep DIR]          # compile and check the kernels of csrc/
+    python tools/sm70_check.py --build-image DIR     # write the wheel's kernel image (setup.py's driver build)
+    python tools/sm70_check.py --wheel dist/X.whl    # check the kernels a wheel ships
 
 The attention and Gated-DeltaNet kernels are compiled the same way (``attention_kernel_source``,
 ``gdn_kernel_source``, ``compile_family``: used by tests/ops/test_*sm70_compile.py and tools/sm70_resources.py).
@@ -62,23 +64,37 @@ def find_toolchain() -> tuple[Path, Path]:
     return nvrtc[0], ptxas[0]
 
 
-def kernel_source() -> str:
-    """A translation unit that instantiates every kernel the extension launches."""
+def kernel_expressions() -> list[str]:
+    """NVRTC name expressions of every kernel the host code launches, in the order of launched_kernel_names() in
+    csrc/gemm/weight_gemm_plan.h (tests/test_wheel.py checks that the two agree)."""
+    ns = "volta_fp4::"
+    names = [f"{ns}weight_gemm_kernel<{ns}{a}, {ns}{f}, {r}>" for a in MMA_ATOMS for f in FORMATS for r in BLOCK_ROWS]
+    names += [f"{ns}weight_gemv_kernel<{ns}{a}, {ns}{f}, {r}>" for a in MMA_ATOMS for f in FORMATS for r in GEMV_ROWS]
+    names += [f"{ns}dequantize_tiles_kernel<{ns}{f}>" for f in FORMATS]
+    return names
+
+
+def kernel_source(instantiate_all: bool = True) -> str:
+    """A translation unit that instantiates every kernel the extension launches (or, with instantiate_all=False,
+    only the header: NVRTC name expressions then instantiate the kernels wanted)."""
     lines = [f'#include "{HEADER}"', "namespace volta_fp4 {"]
-    for atom in MMA_ATOMS:
+    if not instantiate_all:
+        lines = lines[:1]
+    for atom in MMA_ATOMS if instantiate_all else ():
         for fmt in FORMATS:
             for rows in BLOCK_ROWS:
                 lines.append(f"template __global__ void weight_gemm_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
-    for atom in MMA_ATOMS:
+    for atom in MMA_ATOMS if instantiate_all else ():
         for fmt in FORMATS:
             for rows in GEMV_ROWS:
                 lines.append(f"template __global__ void weight_gemv_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
-    for fmt in FORMATS:
+    for fmt in FORMATS if instantiate_all else ():
         lines.append(
             f"template __global__ void dequantize_tiles_kernel<{fmt}>"
             "(const uint8_t*, const float*, uint16_t*, int, int, int, int);"
         )
-    lines.append("}")
+    if instantiate_all:
+        lines.append("}")
     # Exported so the report can print each kernel's dynamic shared memory from the header's own formula.
     for rows in BLOCK_ROWS:
         lines.append(f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});")
@@ -170,8 +186,10 @@ def compile_family(source: str, dynamic_smem=None, keep: Path | None = None) -> 
     return ptx, reports
 
 
-def nvrtc_compile(libnvrtc: Path, source: str) -> str:
-    """CUDA C++ → PTX for compute_70; raises with NVRTC's log on failure."""
+def nvrtc_compile(libnvrtc: Path, source: str, arch: str = "compute_70",
+                  name_expressions: tuple[str, ...] = ()) -> str | tuple[str, dict[str, str]]:
+    """CUDA C++ → PTX for ``arch``; raises with NVRTC's log on failure. With ``name_expressions``, also returns each
+    expression's lowered (mangled) name: the kernel table of the wheel."""
     lib = ctypes.CDLL(str(libnvrtc))
     program = ctypes.c_void_p()
 
@@ -181,20 +199,27 @@ def nvrtc_compile(libnvrtc: Path, source: str) -> str:
             raise RuntimeError(f"{what}: {lib.nvrtcGetErrorString(status).decode()}")
 
     check(lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"sm70_check.cu", 0, None, None), "create")
-    options = [b"--gpu-architecture=compute_70", b"-std=c++17", b"--use_fast_math", f"-I{REPO / 'csrc'}".encode()]
+    for expression in name_expressions:
+        check(lib.nvrtcAddNameExpression(program, expression.encode()), f"name expression {expression}")
+    options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--use_fast_math", f"-I{REPO / 'csrc'}".encode()]
     status = lib.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
     log_size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(program, ctypes.byref(log_size))
     log = ctypes.create_string_buffer(log_size.value)
     lib.nvrtcGetProgramLog(program, log)
     if status != 0:
-        raise RuntimeError(f"NVRTC failed for compute_70:\n{log.value.decode()}")
+        raise RuntimeError(f"NVRTC failed for {arch}:\n{log.value.decode()}")
     ptx_size = ctypes.c_size_t()
     check(lib.nvrtcGetPTXSize(program, ctypes.byref(ptx_size)), "PTX size")
     ptx = ctypes.create_string_buffer(ptx_size.value)
     check(lib.nvrtcGetPTX(program, ptx), "PTX")
+    lowered = {}
+    for expression in name_expressions:
+        name = ctypes.c_char_p()
+        check(lib.nvrtcGetLoweredName(program, expression.encode(), ctypes.byref(name)), f"lowered {expression}")
+        lowered[expression] = name.value.decode()
     lib.nvrtcDestroyProgram(ctypes.byref(program))
-    return ptx.value.decode()
+    return (ptx.value.decode(), lowered) if name_expressions else ptx.value.decode()
 
 
 @dataclass
@@ -281,12 +306,84 @@ def check(keep: Path | None = None) -> tuple[list[KernelReport], list[str]]:
     return reports, failures
 
 
+# ─── The wheel's kernel image (vllm_volta_fp4/kernels/, loaded by csrc/driver/cuda_driver.cpp) ───────────────
+IMAGE_CUBIN = "gemm.sm_70.cubin"  # machine code for compute capability 7.x
+IMAGE_PTX70 = "gemm.compute_70.ptx"  # the cubin's PTX: kept so that the wheel's resources can be re-derived
+IMAGE_PTX80 = "gemm.compute_80.ptx"  # JIT-compiled by the driver on compute capability >= 8.0 (m16n8k16 atom)
+IMAGE_NAMES = "gemm.names.tsv"  # name expression \t lowered name, one kernel a line
+IMAGE_DIR = "vllm_volta_fp4/kernels"
+
+
+def build_image(out_dir: Path, expressions: list[str] | None = None) -> list[KernelReport]:
+    """Compile the kernels (all of kernel_expressions(), or a subset) into out_dir's image files; returns the
+    sm_70 ptxas report. Raises when a kernel has no sm_70 machine code."""
+    libnvrtc, ptxas = find_toolchain()
+    expressions = list(expressions or kernel_expressions())
+    source = kernel_source(instantiate_all=False)
+    ptx70, lowered = nvrtc_compile(libnvrtc, source, "compute_70", tuple(expressions))
+    ptx80, _ = nvrtc_compile(libnvrtc, source, "compute_80", tuple(expressions))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reports = ptxas_reports(ptxas, ptx70, out_dir)
+    (out_dir / "kernels_sm70.cubin").replace(out_dir / IMAGE_CUBIN)
+    (out_dir / "kernels_sm70.ptx").replace(out_dir / IMAGE_PTX70)
+    (out_dir / IMAGE_PTX80).write_text(ptx80)
+    (out_dir / IMAGE_NAMES).write_text("".join(f"{e}\t{lowered[e]}\n" for e in expressions))
+    missing = cubin_missing(out_dir / IMAGE_CUBIN, lowered.values())
+    if missing:
+        raise RuntimeError(f"no sm_70 machine code for {missing}")
+    return reports
+
+
+def cubin_missing(cubin: Path, lowered_names) -> list[str]:
+    """The kernels without a .text section (machine code) in the cubin's ELF section names."""
+    data = cubin.read_bytes()
+    if not data.startswith(b"\x7fELF"):
+        return list(lowered_names)
+    return [name for name in lowered_names if f".text.{name}\0".encode() not in data]
+
+
+def check_wheel(wheel: Path) -> tuple[list[KernelReport], list[str]]:
+    """The wheel's kernel table against the host code's kernels, sm_70 machine code for each, and the sm_70
+    resources (ptxas -v on the wheel's own compute_70 PTX)."""
+    import zipfile
+
+    _, ptxas = find_toolchain()
+    failures = []
+    with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory() as tmp:
+        members = {Path(n).name: n for n in archive.namelist() if n.startswith(IMAGE_DIR + "/")}
+        for needed in (IMAGE_CUBIN, IMAGE_PTX70, IMAGE_PTX80, IMAGE_NAMES):
+            if needed not in members:
+                return [], [f"{wheel.name} has no {IMAGE_DIR}/{needed}"]
+        if not any(n.startswith("vllm_volta_fp4/_C") and n.endswith(".so") for n in archive.namelist()):
+            failures.append(f"{wheel.name} has no vllm_volta_fp4/_C*.so")
+        work = Path(tmp)
+        for name, member in members.items():
+            (work / name).write_bytes(archive.read(member))
+        table = dict(line.split("\t") for line in (work / IMAGE_NAMES).read_text().splitlines() if line)
+        if sorted(table) != sorted(kernel_expressions()):
+            failures.append("the wheel's kernel table differs from the kernels the host code launches")
+        failures += [f"{e}: no sm_70 machine code" for e in cubin_missing(work / IMAGE_CUBIN, table.values())
+                     for e in [next(k for k, v in table.items() if v == e)]]
+        reports = ptxas_reports(ptxas, (work / IMAGE_PTX70).read_text(), work)
+    failures += [f"{readable(r.name)}: {p}" for r in reports for p in r.problems]
+    shipped = set(table.values())
+    failures += [f"{r.name}: in the PTX but not in the kernel table" for r in reports if r.name not in shipped]
+    return reports, failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="write the PTX and cubin into this directory")
+    parser.add_argument("--wheel", type=Path, help="check the kernels shipped in this wheel instead")
+    parser.add_argument("--build-image", type=Path, metavar="DIR", help="write the wheel's kernel image into DIR")
     args = parser.parse_args()
     try:
-        reports, failures = check(args.keep)
+        if args.build_image:
+            reports, failures = build_image(args.build_image), []
+        elif args.wheel:
+            reports, failures = check_wheel(args.wheel)
+        else:
+            reports, failures = check(args.keep)
     except ToolchainMissing as error:
         print(error, file=sys.stderr)
         return 2

@@ -34,7 +34,10 @@ CUBLAS_MIN_M = Variable("VLLM_VOLTA_FP4_CUBLAS_MIN_M", "an integer ≥ 1",
                         "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 65)")
 BUILD_EXT = Variable("VLLM_VOLTA_FP4_BUILD_EXT", "1 (build or fail) or 0 (never build)",
                      "at install: whether to build the CUDA extension (unset: where nvcc and a CUDA torch exist)")
-VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, BUILD_EXT)
+DRIVER_BUILD = Variable("VLLM_VOLTA_FP4_DRIVER_BUILD", "1 or 0",
+                        "at build: 1 builds the extension without nvcc (NVRTC/ptxas kernel image + g++ host code on "
+                        "torch's stable ABI, tools/build_wheel.sh); unset/0: the nvcc build")
+VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, BUILD_EXT, DRIVER_BUILD)
 
 
 def _raw(variable: Variable) -> str | None:
@@ -95,6 +98,15 @@ def gemv_max_m() -> int | None:
 def cublas_min_m() -> int | None:
     """The dequantize + cuBLAS cut-over, or None for the extension's default."""
     return _count(CUBLAS_MIN_M, 1)
+
+
+def driver_build() -> bool:
+    """Whether setup.py builds the driver-API extension (the wheel's) instead of the nvcc one."""
+    value = _raw(DRIVER_BUILD)
+    choices = {None: False, "": False, "1": True, "0": False}
+    if value not in choices:
+        raise _invalid(DRIVER_BUILD)
+    return choices[value]
 
 
 def build_extension() -> bool | None:

@@ -6,11 +6,10 @@
 // fp16 values travel as raw bits (uint16_t, or uint32_t holding a pair: low half = lower column) and the
 // arithmetic is inline PTX, so the kernels need neither cuda_fp16.h nor a C library: NVRTC compiles this file alone.
 #include "common/int_types.cuh"
+#include "common/smem_rows.h"
 
 namespace volta_fp4 {
 
-constexpr int kSmemRowHalves = 128 + 8;  // +16 bytes: rows start in different banks
-constexpr int kVoltaMaxSmemPerBlock = 96 * 1024;  // the sm_70 opt-in limit every kernel here stays under
 
 // ─── MMA atoms ────────────────────────────────────────────────────────────────────────────────────────────
 // A warp's output is BM × 16 (rows × columns of its strip): out[r][c] += Σ_k A[r][k] · B[c][k]. Each atom says

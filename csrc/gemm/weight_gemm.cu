@@ -10,41 +10,10 @@
 #include <string>
 
 #include "gemm/weight_gemm.cuh"
+#include "gemm/weight_gemm_plan.h"
 
 namespace volta_fp4 {
 namespace {
-
-enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3 };
-
-// The M cut-overs of `auto`. Python sets them once when it loads the ops (set_gemm_cutovers, from
-// VLLM_VOLTA_FP4_GEMV_MAX_M / VLLM_VOLTA_FP4_CUBLAS_MIN_M, read by vllm_volta_fp4/envs.py); a negative value keeps
-// the default.
-//
-// Largest M that `auto` sends to the GEMV (weight_gemv_kernel; 0 disables it, values above kGemvMaxM are clamped).
-// The GEMV decodes each weight once into MMA fragments and the tensor cores apply it to all M ≤ 8 rows, so its cost
-// per weight does not grow with M (NVFP4 decode: 11 integer + 4 fp16 multiplies per 8 weights; mma.sync: 1
-// m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on sm_70, so ≈ 3.5 issue slots per weight on a
-// V100 with loads and loop, against 10.1 available at full bandwidth). It reads the same bytes as the fused kernel
-// without the shared-memory round trip, so it is taken for every M it supports.
-int64_t g_gemv_max_m = kGemvMaxM;
-
-// Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200
-// (benchmarks/results/gemm-h200.md): the fused kernel wins up to M = 32 on every 27B shape and ties or wins at 64;
-// dequantize + cuBLAS wins from M = 128 (measure on a V100 before moving it).
-constexpr int64_t kDefaultCublasMinM = 65;
-int64_t g_cublas_min_m = kDefaultCublasMinM;
-
-int64_t gemv_max_m() { return g_gemv_max_m; }
-int64_t cublas_min_m() { return g_cublas_min_m; }
-
-void set_gemm_cutovers(int64_t gemv_max, int64_t cublas_min) {
-  g_gemv_max_m = gemv_max < 0 ? kGemvMaxM : std::min<int64_t>(gemv_max, kGemvMaxM);
-  g_cublas_min_m = cublas_min < 1 ? kDefaultCublasMinM : cublas_min;
-}
-
-constexpr int64_t kDequantChunkElements = int64_t(32) << 20;  // fp16 scratch per cuBLAS call: 64 MiB
-
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // Error messages format integers with std::to_string, never through an ostream: an extension built with a newer
 // host compiler than libstdc++ at run time (the device machine's /opt/gcc) crashed in ostream << int64_t.
@@ -140,7 +109,7 @@ bool use_sm70_atom(int64_t mma, const at::Device& device) {
 }
 
 template <class Mma, class Format, int BM>
-void launch_fused(GemmParams p, int64_t m_tiles, int64_t n_tiles, const at::Tensor& x) {
+void launch_fused(GemmParams p, int64_t n_tiles, const at::Tensor& x) {
   const int smem_bytes = fused_smem_bytes(BM);
   auto kernel = weight_gemm_kernel<Mma, Format, BM>;
   static int blocks_per_sm = [&] {
@@ -152,32 +121,25 @@ void launch_fused(GemmParams p, int64_t m_tiles, int64_t n_tiles, const at::Tens
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem_bytes));
     return std::max(blocks, 1);
   }();
-  // Split K so that the SMs' resident blocks are busy, choosing among whole waves: cost ≈ waves × (stages per
-  // block + a pipeline fill of ~2 stages). Only where one semaphore per output tile exists.
   const int64_t slots = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * blocks_per_sm;
-  const int64_t tiles = n_tiles * m_tiles;
-  int64_t splits = 1, best_cost = INT64_MAX;
-  for (int64_t s = 1; s <= (m_tiles <= kMaxSplitMTiles ? std::min<int64_t>(p.k_tiles, 64) : 1); ++s) {
-    const int64_t per = (p.k_tiles + s - 1) / s, waves = (tiles * s + slots - 1) / slots, cost = waves * (per + 2);
-    if (cost < best_cost) best_cost = cost, splits = s;
-  }
-  p.k_tiles_per_split = int((p.k_tiles + splits - 1) / splits);
-  p.splits = int((p.k_tiles + p.k_tiles_per_split - 1) / p.k_tiles_per_split);
+  const Grid3 g = plan_fused(p, n_tiles, slots);
   at::Tensor partials;
   if (p.splits > 1) {
     partials = at::empty({p.splits, p.M, n_tiles * kTileN}, x.options().dtype(at::kFloat));
     p.partials = partials.data_ptr<float>();
   }
-  const dim3 grid(unsigned(n_tiles), unsigned(m_tiles), unsigned(p.splits));
+  const dim3 grid(g.x, g.y, g.z);
   kernel<<<grid, kThreads, smem_bytes, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <class Mma, class Format>
 void launch_fused_for_m(const GemmParams& p, int64_t n_tiles, const at::Tensor& x) {
-  if (p.M <= 16) return launch_fused<Mma, Format, 16>(p, 1, n_tiles, x);
-  if (p.M <= 32) return launch_fused<Mma, Format, 32>(p, 1, n_tiles, x);
-  launch_fused<Mma, Format, 64>(p, (p.M + 63) / 64, n_tiles, x);
+  switch (fused_block_rows(p.M)) {
+    case 16: return launch_fused<Mma, Format, 16>(p, n_tiles, x);
+    case 32: return launch_fused<Mma, Format, 32>(p, n_tiles, x);
+    default: return launch_fused<Mma, Format, 64>(p, n_tiles, x);
+  }
 }
 
 template <class Mma, class Format, int M>
@@ -188,14 +150,10 @@ void launch_gemv(GemmParams p, int64_t n_tiles, const at::Tensor& x) {
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
     return std::max(blocks, 1);
   }();
-  // Stream-K: the (strip, k-tile) stream cut into one equal range per resident block slot (one wave).
   const int64_t slots = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * blocks_per_sm;
-  const int64_t tiles = n_tiles * p.k_tiles;
-  const int64_t per = std::max<int64_t>(kGemvMinTilesPerBlock, (tiles + slots - 1) / slots);
-  const int64_t blocks = (tiles + per - 1) / per;
-  p.tiles_per_block = int(per);
+  const int64_t blocks = plan_gemv(p, n_tiles, slots);
   at::Tensor partials;
-  if (per % p.k_tiles != 0) {  // some strips are split between blocks
+  if (gemv_needs_partials(p)) {  // some strips are split between blocks
     partials = at::empty({blocks, 2, p.M, kTileN}, x.options().dtype(at::kFloat));
     p.partials = partials.data_ptr<float>();
   }
@@ -222,7 +180,7 @@ template <class Format>
 void dequantize_then_cublas(const GemmParams& p, int64_t n_tiles, const at::Tensor& x, at::Tensor& y,
                             const c10::optional<at::Tensor>& bias) {
   if (bias) y.copy_(bias->unsqueeze(0).expand_as(y));
-  const int64_t rows_per_chunk = std::max<int64_t>(kTileN, kDequantChunkElements / p.K / kTileN * kTileN);
+  const int64_t rows_per_chunk = dequant_rows_per_chunk(p.K);
   const at::Tensor w = at::empty({std::min<int64_t>(rows_per_chunk, n_tiles * kTileN), p.K}, x.options());
   for (int64_t row = 0; row < p.N; row += rows_per_chunk) {
     const int64_t rows = std::min<int64_t>(rows_per_chunk, p.N - row);
@@ -289,12 +247,8 @@ at::Tensor weight_gemm(const at::Tensor& x_in, const at::Tensor& weight_tiles, c
   p.K = int(k);
   p.k_tiles = int(k_tiles);
 
-  const Path chosen = path == int64_t(Path::kAuto)
-                          ? (m <= gemv_max_m() ? Path::kGemv
-                             : m >= cublas_min_m()       ? Path::kDequantCublas
-                                                         : Path::kFused)
-                          : Path(path);
-  TORCH_CHECK(chosen == Path::kFused || chosen == Path::kDequantCublas || chosen == Path::kGemv,
+  const Path chosen = choose_path(m, path);
+  TORCH_CHECK(chosen != Path::kAuto,
               "path must be 0 (auto), 1 (fused), 2 (dequantize + cuBLAS) or 3 (GEMV, M <= 8), got ", str(path));
   if (chosen == Path::kGemv) {
     if (use_sm70_atom(mma, x.device())) {

@@ -37,18 +37,11 @@
 
 #include "common/fp16.cuh"
 #include "common/mma_atoms.cuh"
+#include "gemm/weight_gemm_shape.h"
 
 namespace volta_fp4 {
 
-constexpr int kTileN = 64;
-constexpr int kTileK = 128;
-constexpr int kThreads = 128;
-constexpr int kWarpN = 16;               // output columns per warp
 static_assert(kSmemRowHalves == kTileK + 8, "an x/w tile row is one row of the atoms' shared-memory layout");
-constexpr int kMaxSplitMTiles = 8;       // split-K semaphores per row strip (see prepare_*)
-
-// Dynamic shared memory of weight_gemm_kernel<…, BM>: two buffers of BM x rows and 64 w rows.
-__host__ __device__ constexpr int fused_smem_bytes(int bm) { return 2 * (bm + kTileN) * kSmemRowHalves * 2; }
 
 // E4M3 bytes b0 (bits 0..7) and b1 (bits 16..23) → two fp16 equal to value · 2^-8 (exact: same exponent
 // field width offset by the bias difference 15 - 7, subnormals included).
@@ -96,12 +89,10 @@ __device__ __forceinline__ void e2m1_word_to_half2(uint32_t word, uint32_t (&out
 // load: one lane's vectors of a record (lane slot v). decode: word b of half h → the four fp16 pairs
 // a[0] = (row g, columns c, c+1), a[1] = (g+8, c, c+1), a[2] = (g, c+2, c+3), a[3] = (g+8, c+2, c+3), value · 2^-8,
 // with the block scales from scales() (computed once per stage).
-struct Nvfp4Format {
-  static constexpr int kChunkBytes = 4608;
+struct Nvfp4Format : Nvfp4Tiles {
   static constexpr int kRecordBytes = kChunkBytes / 4;
   static constexpr int kStagesInFlight = 4;      // fused kernel: stages of 36 B per thread loaded ahead
   static constexpr int kGemvStagesInFlight = 3;  // weight_gemv_kernel ring: tiles of 36 B of weights + 64 B of x per lane
-  static constexpr float kRowScaleFactor = 256.0f;
   struct Stage {
     uint4 codes[2];
     uint32_t scales;
@@ -130,12 +121,10 @@ struct Nvfp4Format {
   }
 };
 
-struct Fp8Format {
-  static constexpr int kChunkBytes = 8192;
+struct Fp8Format : Fp8Tiles {
   static constexpr int kRecordBytes = kChunkBytes / 4;
   static constexpr int kStagesInFlight = 2;
   static constexpr int kGemvStagesInFlight = 2;  // 64 B of weights + 64 B of x per lane and tile (sm_70 registers)
-  static constexpr float kRowScaleFactor = 256.0f;  // e4m3_pair_to_half2_bits leaves out 2^8
   struct Stage {
     uint4 codes[4];  // [2h + r]: row g + 8r, half h
   };
@@ -188,21 +177,6 @@ __device__ __forceinline__ void store_stage_to_tile(const uint32_t (&w)[2][2][8]
   }
 }
 
-struct GemmParams {
-  const uint16_t* x;  // [M, K], row stride ldx (elements), 16-byte aligned rows
-  int64_t ldx;
-  const uint8_t* weight_tiles;
-  const float* row_scale;  // [N]
-  const uint16_t* bias;      // [N] or null
-  uint16_t* y;               // [M, N] contiguous
-  float* partials;         // [splits, M, Np] when splits > 1
-  int* counters;           // [Np/64 · kMaxSplitMTiles], zero between calls
-  int M, N, K;
-  int k_tiles;             // Kp / 128
-  int k_tiles_per_split;  // fused kernel: split-K
-  int splits;
-  int tiles_per_block;    // GEMV: tiles of the (strip, k-tile) stream per block
-};
 
 __device__ __forceinline__ void store_pair(const GemmParams& p, int m, int n, float v0, float v1) {
   if (m >= p.M || n >= p.N) return;  // N is a multiple of 16, so n < N implies n + 1 < N
@@ -353,9 +327,6 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
 // same x) loaded ahead, across strip boundaries. A strip that a block covers whole is stored directly; a strip
 // split between blocks ("pieces") is finished by the last piece to arrive (per-strip semaphore, reset by it),
 // which sums the fp32 partials in block order: deterministic.
-constexpr int kGemvMaxM = 8;
-constexpr int kGemvMinBlocks = 4;      // __launch_bounds__: ≤ 128 registers, 16 warps per SM at least
-constexpr int kGemvMinTilesPerBlock = 2;
 
 __device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, float v) {
   float out = v * p.row_scale[n];

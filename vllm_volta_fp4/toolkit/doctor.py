@@ -69,6 +69,7 @@ class Environment:
     extension_path: str | None = None
     extension_error: str = ""
     extension_code: set[str] = field(default_factory=set)  # {"sm_70", "compute_70", …}
+    kernel_origin: str = ""  # driver-API build (the wheel): where GPU 0's kernels come from, from the extension
     plugin_registered: bool = False
     platform_plugin_registered: bool = False  # the vllm.platform_plugins entry point that picks VOLTA_HMMA
     attention_switch: str = envs.VOLTA  # VLLM_VOLTA_FP4_ATTENTION, or "invalid: <why>"
@@ -177,9 +178,16 @@ def _probe_extension(env: Environment) -> None:
     if spec is None or spec.origin is None:
         return
     env.extension_path = spec.origin
-    env.extension_code = cuda_code_in(spec.origin)
+    # The wheel's driver-API build ships its kernel image beside the extension (kernels/gemm.sm_70.cubin, …).
+    image = {f.name.split(".")[1] for f in (Path(spec.origin).parent / "kernels").glob("gemm.*.*")
+             if f.suffix in (".cubin", ".ptx") and f.name.split(".")[1] != "compute_70"}
+    env.extension_code = cuda_code_in(spec.origin) | image
     try:
-        importlib.import_module("vllm_volta_fp4._C")
+        import torch  # noqa: F401  (the driver-API build resolves libtorch from the process)
+
+        module = importlib.import_module("vllm_volta_fp4._C")
+        if hasattr(module, "kernel_origin") and env.gpus:
+            env.kernel_origin = module.kernel_origin(0)
     except ImportError as error:
         env.extension_error = str(error)
 
@@ -337,11 +345,14 @@ def _extension_finding(env: Environment) -> Finding:
     sm = f"sm_{capability[0]}{capability[1]}"
     code = " ".join(sorted(env.extension_code)) or "no CUDA code found"
     present = _has_code_for(env.extension_code, capability)
+    origin = f"; GPU 0 runs {env.kernel_origin}" if env.kernel_origin else ""
+    if env.kernel_origin.startswith("missing"):
+        return Finding("extension", FAIL, f"vllm_volta_fp4._C ({code}): GPU 0's kernels are {env.kernel_origin}")
     if present == "sass":
-        return Finding("extension", OK, f"vllm_volta_fp4._C built with {sm} code ({code})")
+        return Finding("extension", OK, f"vllm_volta_fp4._C built with {sm} code ({code}){origin}")
     if present == "ptx":
         return Finding("extension", WARN, f"vllm_volta_fp4._C has only PTX for {sm} ({code}): compiled at first "
-                       "load", BUILD_EXTENSION)
+                       f"load{origin}", BUILD_EXTENSION)
     return Finding("extension", FAIL if env.gpus else WARN,
                    f"vllm_volta_fp4._C has no {sm} code ({code}): its kernels fail with 'no kernel image'",
                    BUILD_EXTENSION)

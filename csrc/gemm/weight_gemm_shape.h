@@ -1,0 +1,58 @@
+// What the GEMM kernels (weight_gemm.cuh) and their host code share: tile sizes, the weight-tile formats' sizes,
+// the launch-parameter struct. Torch- and CUDA-free, so that it compiles under nvcc, NVRTC and a plain C++
+// compiler (the driver-API host code in csrc/driver/).
+#pragma once
+
+#include "common/int_types.cuh"
+#include "common/smem_rows.h"
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define VOLTA_FP4_HOST_DEVICE __host__ __device__
+#else
+#define VOLTA_FP4_HOST_DEVICE
+#endif
+
+namespace volta_fp4 {
+
+constexpr int kTileN = 64;
+constexpr int kTileK = 128;
+constexpr int kThreads = 128;
+constexpr int kWarpN = 16;               // output columns per warp
+constexpr int kMaxSplitMTiles = 8;       // split-K semaphores per row strip (see prepare_*)
+
+// Dynamic shared memory of weight_gemm_kernel<…, BM>: two buffers of BM x rows and 64 w rows.
+VOLTA_FP4_HOST_DEVICE constexpr int fused_smem_bytes(int bm) { return 2 * (bm + kTileN) * kSmemRowHalves * 2; }
+
+constexpr int kGemvMaxM = 8;
+constexpr int kGemvMinBlocks = 4;      // __launch_bounds__: ≤ 128 registers, 16 warps per SM at least
+constexpr int kGemvMinTilesPerBlock = 2;
+
+// Bytes of one (64-row strip, 128-column k-tile) chunk of prepared weights, and the power of two the decode
+// leaves out (folded into the row scales by prepare_*). The device-side formats (Nvfp4Format, Fp8Format) derive
+// from these.
+struct Nvfp4Tiles {
+  static constexpr int kChunkBytes = 4608;
+  static constexpr float kRowScaleFactor = 256.0f;
+};
+struct Fp8Tiles {
+  static constexpr int kChunkBytes = 8192;
+  static constexpr float kRowScaleFactor = 256.0f;  // e4m3_pair_to_half2_bits leaves out 2^8
+};
+
+struct GemmParams {
+  const uint16_t* x;  // [M, K], row stride ldx (elements), 16-byte aligned rows
+  int64_t ldx;
+  const uint8_t* weight_tiles;
+  const float* row_scale;  // [N]
+  const uint16_t* bias;      // [N] or null
+  uint16_t* y;               // [M, N] contiguous
+  float* partials;         // [splits, M, Np] when splits > 1
+  int* counters;           // [Np/64 · kMaxSplitMTiles], zero between calls
+  int M, N, K;
+  int k_tiles;             // Kp / 128
+  int k_tiles_per_split;  // fused kernel: split-K
+  int splits;
+  int tiles_per_block;    // GEMV: tiles of the (strip, k-tile) stream per block
+};
+
+}  // namespace volta_fp4
