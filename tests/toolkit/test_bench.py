@@ -128,3 +128,28 @@ def test_offline_speculative_config_reaches_the_engine(monkeypatch, tmp_path, ca
     assert seen["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
     with pytest.raises(SystemExit, match="num_speculative_tokens"):
         main(["bench", "--offline", str(tmp_path), "--speculative-config", '{"method": "mtp"}', "--no-plot"])
+
+
+def test_a_server_that_wants_an_api_key_says_so(capsys):
+    """HTTP 401 from the server: the error suggests --api-key (a loopback stand-in that refuses every request)."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (the handler's name is http.server's)
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(b'{"error": "Unauthorized"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        code = main(["bench", "--url", f"http://127.0.0.1:{server.server_port}", "--no-plot", "--batches", "1"])
+    finally:
+        server.shutdown()
+    error = capsys.readouterr().err
+    assert code == 2 and "HTTP 401" in error and "--api-key" in error

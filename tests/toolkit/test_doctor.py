@@ -170,12 +170,14 @@ def test_a_missing_shard_is_named(fresh_checkpoint):
     assert finding.status == FAIL and shard.name in finding.detail and "download" in finding.fix
 
 
-def test_bf16_checkpoint_on_a_v100_asks_for_half(fresh_checkpoint):
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])  # current transformers writes dtype, older torch_dtype
+def test_bf16_checkpoint_on_a_v100_asks_for_half(fresh_checkpoint, key):
     model_dir = fresh_checkpoint()
-    config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
-    finding = by_check(check_model(model_dir, capability=(7, 0)))["model-dtype"]
-    assert finding.status == WARN and "--dtype half" in finding.fix
+    config = {k: v for k, v in json.loads((model_dir / "config.json").read_text()).items() if k != "torch_dtype"}
+    (model_dir / "config.json").write_text(json.dumps({**config, key: "bfloat16"}))
+    findings = by_check(check_model(model_dir, capability=(7, 0)))
+    assert findings["model-dtype"].status == WARN and "--dtype half" in findings["model-dtype"].fix
+    assert "bf16 (unquantized)" in findings["model-layers"].detail and "fp16" not in findings["model-layers"].detail
     assert by_check(check_model(model_dir, capability=(8, 0)))["model-dtype"].status == OK
 
 

@@ -15,6 +15,7 @@ from vllm_volta_fp4.toolkit.planner import (
     PlanError,
     ServeRequest,
     activation_bytes,
+    format_plan,
     model_shape,
     parse_gpu,
     plan_for,
@@ -118,7 +119,8 @@ def test_activations_grow_with_the_prefill_chunk():
 
 
 def test_enforce_eager_frees_the_cuda_graph_pool():
-    eager, graphs = qwen_plan(enforce_eager=True), qwen_plan()
+    # the same sequence count in both (it sizes the logits buffer), so only the graph pool differs
+    eager, graphs = qwen_plan(enforce_eager=True, max_num_seqs=4), qwen_plan(max_num_seqs=4)
     assert eager.cuda_graph_bytes == 0 < graphs.cuda_graph_bytes
     assert eager.kv_space_bytes - graphs.kv_space_bytes == graphs.cuda_graph_bytes
     assert "--enforce-eager" in eager.vllm_flags()
@@ -231,3 +233,18 @@ def test_checkpoint_weights_leave_the_mtp_module_to_the_speculation_line(mtp_che
     assert not any(module.startswith("mtp.") for module in weights.fp16_linear_modules)
     plan = plan_for(model_dir, ServeRequest(parse_gpu("2"), 1024, speculative_tokens=1))
     assert plan.mtp is not None and plan.mtp.weights.fp16_linear_params > 0
+
+
+def test_the_vision_tower_is_counted_unless_text_only():
+    """Qwen3.8-27B's 27-block vision tower: ~0.9 GiB in fp16, which vLLM loads unless --language-model-only."""
+    full, text_only = qwen_plan(), qwen_plan(language_model_only=True)
+    assert abs(full.weights.vision / 2**30 - 0.89) < 0.02
+    assert full.weights_per_gpu - text_only.weights_per_gpu == full.weights.vision
+    assert "--language-model-only" in text_only.vllm_flags() and "--language-model-only" not in full.vllm_flags()
+    assert "--language-model-only leaves it out" in format_plan(full)
+
+
+@pytest.mark.parametrize("tp, words", [(3, "4 KV heads"), (3, "intermediate size 17408"), (5, "24 attention heads")])
+def test_a_tensor_parallel_size_that_does_not_divide_the_model_is_refused(tp, words):
+    with pytest.raises(PlanError, match=words):
+        qwen_plan(tensor_parallel=tp)

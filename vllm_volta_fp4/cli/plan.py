@@ -15,17 +15,21 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-model-len", type=int, required=True, help="longest sequence (prompt + output)")
     parser.add_argument("--max-num-seqs", type=int, help="concurrent sequences (default: as many as can all reach "
                         "max-model-len at once)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs per model)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs per model; vLLM's "
+                        "--tensor-parallel-size)")
     parser.add_argument("--max-num-batched-tokens", type=int, help="prefill chunk size (default 2048)")
     parser.add_argument("--enforce-eager", action="store_true", help="plan without CUDA graphs")
     parser.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
                         help="plan MTP speculative decoding with K draft tokens (the MTP module's weights and KV)")
+    parser.add_argument("--language-model-only", action="store_true",
+                        help="text-only serving: vLLM does not load the vision tower (its --language-model-only)")
 
 
 def run(args) -> int:
     try:
         request = ServeRequest(parse_gpu(args.gpu), args.max_model_len, args.max_num_seqs, args.tp,
-                               args.max_num_batched_tokens, args.enforce_eager, args.speculative_tokens)
+                               args.max_num_batched_tokens, args.enforce_eager, args.speculative_tokens,
+                               args.language_model_only)
         plan = plan_for(args.model, request)
     except PlanError as error:
         print(f"volta-fp4 plan: {error}", file=sys.stderr)

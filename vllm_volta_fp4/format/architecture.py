@@ -176,6 +176,13 @@ def _vision_tower(spec: ModelSpec, vision: Mapping, text_hidden: int) -> None:
     spec.loose[r"model\.visual\."] = "the vision tower (vision_config)"
 
 
+def vision_tensor_shapes(vision: Mapping, text_hidden: int) -> dict[str, tuple[int, ...]]:
+    """The vision tower's tensors (name → shape) that a Qwen3.5 ``vision_config`` describes."""
+    spec = ModelSpec("vision tower", 0)
+    _vision_tower(spec, vision, text_hidden)
+    return spec.tensors
+
+
 _BUILDERS = {
     "LlamaForCausalLM": lambda config, arch: _dense_decoder(config, arch, qk_norm=False),
     "Qwen3ForCausalLM": lambda config, arch: _dense_decoder(config, arch, qk_norm=True),

@@ -160,8 +160,10 @@ class ServerTarget:
         try:
             return urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S)
         except urllib.error.HTTPError as error:
+            hint = ("; the server wants an API key: pass the one it was started with as --api-key"
+                    if error.code == 401 else "")
             raise BenchError(f"{self.base_url}{path}: HTTP {error.code} {error.read().decode(errors='replace')[:300]}"
-                             ) from error
+                             + hint) from error
         except OSError as error:
             raise BenchError(f"{self.base_url}{path}: {error}; is the server running (and is --url right)?") from error
 

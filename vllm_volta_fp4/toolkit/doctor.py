@@ -490,11 +490,11 @@ def check_model(model_dir: str | Path, manifest: str | Path | None = None,
         findings.append(Finding("model-layers", FAIL, str(error), error.fix))
         return findings
     counts = Counter(scheme.kind for scheme in modules.values())
-    names = {"nvfp4": "NVFP4", "fp8": "FP8", "unquantized": "fp16 (unquantized)"}
+    config = json.loads((model_dir / "config.json").read_text())
+    dtype = _checkpoint_dtype(config)
+    names = {"nvfp4": "NVFP4", "fp8": "FP8", "unquantized": f"{_DTYPE_NAMES.get(dtype, '16-bit')} (unquantized)"}
     findings.append(Finding("model-layers", OK, "valid; layers: " + ", ".join(
         f"{counts[kind]} {label}" for kind, label in names.items() if counts[kind])))
-    config = json.loads((model_dir / "config.json").read_text())
-    dtype = str((config.get("text_config") or {}).get("torch_dtype") or config.get("torch_dtype") or "")
     if dtype == "bfloat16" and capability < (8, 0):
         findings.append(Finding("model-dtype", WARN, "the checkpoint is bfloat16 and a V100 has no bf16 (vLLM stops "
                                 "with 'Bfloat16 is only supported on GPUs with compute capability of at least 8.0')",
@@ -503,6 +503,19 @@ def check_model(model_dir: str | Path, manifest: str | Path | None = None,
         findings.append(Finding("model-dtype", OK, f"checkpoint dtype {dtype or 'unspecified'}; on a V100 serve with "
                                 "--dtype half"))
     return findings
+
+
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _checkpoint_dtype(config: dict) -> str:
+    """The checkpoint's 16-bit dtype as config.json says it: current transformers writes ``dtype``, older ones
+    ``torch_dtype``; multimodal configs may keep it under text_config."""
+    for part in (config.get("text_config") or {}, config):
+        for key in ("dtype", "torch_dtype"):
+            if isinstance(part, dict) and isinstance(part.get(key), str):
+                return part[key]
+    return ""
 
 
 def run_doctor(model_dir: str | Path | None = None, manifest: str | Path | None = None,

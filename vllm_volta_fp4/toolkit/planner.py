@@ -19,6 +19,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_volta_fp4.format.architecture import ConfigFieldError, vision_tensor_shapes
 from vllm_volta_fp4.format.checkpoint import (
     FP8,
     NVFP4,
@@ -120,6 +121,7 @@ class ModelShape:
     layer_prefix: str
     quant_config: dict | None
     mtp_layers: int = 0  # mtp_num_hidden_layers: the MTP module's full-attention layers (loaded only to speculate)
+    vision_params: int = 0  # the vision tower's parameters (Qwen3.5/3.8: vision_config), served in fp16
 
     @property
     def full_attention_layers(self) -> int:
@@ -196,7 +198,19 @@ def model_shape(config: dict, where: Path) -> ModelShape:
         layer_kinds=kinds, tie_word_embeddings=bool(tie), qk_norm=text.get("model_type", "").startswith("qwen3"),
         gdn=gdn, ssm_state_bytes=_TORCH_DTYPE_BYTES[ssm_dtype],
         layer_prefix="model.language_model.layers" if "text_config" in config else "model.layers",
-        quant_config=config.get("quantization_config"), mtp_layers=int(text.get("mtp_num_hidden_layers") or 0))
+        quant_config=config.get("quantization_config"), mtp_layers=int(text.get("mtp_num_hidden_layers") or 0),
+        vision_params=_vision_params(config, hidden, where))
+
+
+def _vision_params(config: dict, hidden: int, where: Path) -> int:
+    """Parameters of the vision tower config.json describes (the tensors vLLM's model code loads), 0 without one."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return 0
+    try:
+        return sum(math.prod(shape) for shape in vision_tensor_shapes(vision, hidden).values())
+    except ConfigFieldError as error:
+        raise PlanError(f"{where}: vision_config: {error}") from None
 
 
 @dataclass
@@ -208,6 +222,7 @@ class WeightBytes:
     fp16_linear: int = 0
     embeddings: int = 0
     other: int = 0  # norms, convolution and gate parameters, biases, scales of nothing
+    vision: int = 0  # the vision tower (fp16); vLLM loads it unless --language-model-only
     nvfp4_params: int = 0
     fp8_params: int = 0
     fp16_linear_params: int = 0
@@ -218,7 +233,7 @@ class WeightBytes:
 
     @property
     def total(self) -> int:
-        return self.nvfp4 + self.fp8 + self.fp16_linear + self.embeddings + self.other
+        return self.nvfp4 + self.fp8 + self.fp16_linear + self.embeddings + self.other + self.vision
 
 
 def _stored_bytes(kind: str, rows: int, cols: int) -> int:
@@ -274,7 +289,9 @@ def weights_from_checkpoint(model_dir: str | Path) -> WeightBytes:
         # quantized tensors stay as stored; float tensors are served in fp16, except the small fp32 scales of
         # quantized layers
         stored = count * (dtype_bytes if (not is_float or (scheme and scheme.kind != UNQUANTIZED)) else FP16_BYTES)
-        if scheme is None:
+        if name.startswith(VISION_PREFIX):
+            weights.vision += stored
+        elif scheme is None:
             weights.other += stored
         else:
             per_module[module] = per_module.get(module, 0) + stored
@@ -347,11 +364,13 @@ def weights_from_config(shape: ModelShape) -> WeightBytes:
             kind = quant.scheme_for(module).kind if quant else NVFP4
         _add_linear(weights, fused_params, module, kind, rows * cols, _stored_bytes(kind, rows, cols))
     weights.other = _small_tensor_params(shape) * FP16_BYTES
+    weights.vision = shape.vision_params * FP16_BYTES
     weights.largest_fused_params = max(fused_params.values(), default=0)
     return weights
 
 
 MTP_PREFIX = "mtp."
+VISION_PREFIX = "model.visual."
 
 
 def mtp_linear_shapes(shape: ModelShape) -> list[tuple[str, int, int]]:
@@ -406,6 +425,7 @@ class ServeRequest:
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     speculative_tokens: int = 0  # MTP speculative decoding with this many draft tokens (0: off)
+    language_model_only: bool = False  # vLLM's --language-model-only: the vision tower is not loaded
 
     def __post_init__(self):
         for name in ("max_model_len", "tensor_parallel"):
@@ -463,6 +483,8 @@ class MemoryPlan:
                  "--enable-chunked-prefill", "--max-num-batched-tokens", str(self.batched_tokens)]
         if self.request.tensor_parallel > 1:
             flags += ["--tensor-parallel-size", str(self.request.tensor_parallel)]
+        if self.request.language_model_only:
+            flags.append("--language-model-only")
         if self.request.enforce_eager:
             flags.append("--enforce-eager")
         if self.request.speculative_tokens:
@@ -501,6 +523,24 @@ def activation_bytes(shape: ModelShape, batched_tokens: int, max_num_seqs: int, 
     return batched_tokens * per_token + gdn_chunks + logits
 
 
+def check_tensor_parallel(shape: ModelShape, tp: int) -> None:
+    """The shards vLLM builds at this tensor-parallel size: heads, MLP and Gated-DeltaNet heads split evenly, KV
+    heads split or replicated, and every row-parallel layer's input in whole 16-element NVFP4 blocks."""
+    problems = []
+    if shape.heads % tp:
+        problems.append(f"{shape.heads} attention heads")
+    if shape.kv_heads % tp and tp % shape.kv_heads:
+        problems.append(f"{shape.kv_heads} KV heads (vLLM splits them or replicates them a whole number of times)")
+    if shape.intermediate % tp or (shape.intermediate // tp) % BLOCK_SIZE:
+        problems.append(f"intermediate size {shape.intermediate} (each GPU's share of down_proj's input must be a "
+                        f"multiple of {BLOCK_SIZE}, NVFP4's block)")
+    if shape.gdn and (shape.gdn.num_key_heads % tp or shape.gdn.num_value_heads % tp):
+        problems.append(f"{shape.gdn.num_key_heads} / {shape.gdn.num_value_heads} Gated-DeltaNet key / value heads")
+    if problems:
+        raise PlanError(f"--tp {tp} does not divide {shape.name}'s " + "; ".join(problems) + ": choose a "
+                        "tensor-parallel size that divides them all")
+
+
 def plan_memory(shape: ModelShape, weights: WeightBytes, request: ServeRequest) -> MemoryPlan:
     tp = request.tensor_parallel
     mtp = mtp_cost(shape, tp)
@@ -508,8 +548,11 @@ def plan_memory(shape: ModelShape, weights: WeightBytes, request: ServeRequest) 
         raise PlanError(f"{shape.name} has no MTP module (no mtp_num_hidden_layers in its config), so there is "
                         "nothing to speculate with; drop --speculative-tokens")
     speculating = bool(request.speculative_tokens)
-    # Embeddings, lm_head and linear layers are split across GPUs; norms and the like are replicated.
-    weights_per_gpu = (weights.total - weights.other) // tp + weights.other
+    check_tensor_parallel(shape, tp)
+    # Embeddings, lm_head, linear layers and the vision tower are split across GPUs; norms and the like are
+    # replicated.
+    served = weights.total - (weights.vision if request.language_model_only else 0)
+    weights_per_gpu = (served - weights.other) // tp + weights.other
     if speculating:
         weights_per_gpu += (mtp.weights.total - mtp.weights.other) // tp + mtp.weights.other
     kv_token = kv_bytes_per_token(shape, tp) + (mtp.kv_bytes_per_token if speculating else 0)
@@ -586,6 +629,9 @@ def format_plan(plan: MemoryPlan) -> str:
         + (f"  ({', '.join(excluded[:4])}{', …' if len(excluded) > 4 else ''})" if excluded else ""),
         f"  embeddings (fp16)                {_gib(weights.embeddings // tp)}",
         f"  other (norms, conv, scales)      {_gib(weights.other)}",
+        *([f"  vision tower (fp16)              {_gib(weights.vision // tp)}"
+           + ("  not loaded: --language-model-only" if request.language_model_only
+              else "  (text only? --language-model-only leaves it out)")] if weights.vision else []),
         f"  total                            {_gib(plan.weights_per_gpu)}",
         f"activations ({plan.batched_tokens}-token prefill chunk)  {_gib(plan.activation_bytes)}",
         f"dequantize scratch (largest fused layer in fp16)  {_gib(plan.dequant_scratch_bytes)}",
