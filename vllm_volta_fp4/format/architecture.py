@@ -55,13 +55,17 @@ def _decoder_common(spec: ModelSpec, text: Mapping, prefix: str, tie_default: bo
     if text.get("tie_word_embeddings", tie_default):
         spec.optional.add("lm_head")  # vLLM ties it to the embedding when the checkpoint leaves it out
     for layer in range(spec.layers):
-        p = f"{prefix}layers.{layer}."
-        spec.tensors[f"{p}input_layernorm.weight"] = (hidden,)
-        spec.tensors[f"{p}post_attention_layernorm.weight"] = (hidden,)
-        spec.linears[f"{p}mlp.gate_proj"] = (intermediate, hidden)
-        spec.linears[f"{p}mlp.up_proj"] = (intermediate, hidden)
-        spec.linears[f"{p}mlp.down_proj"] = (hidden, intermediate)
+        _norms_and_mlp(spec, f"{prefix}layers.{layer}.", hidden, intermediate)
     return hidden, heads, _int(text, "num_key_value_heads", heads), _int(text, "head_dim", hidden // heads)
+
+
+def _norms_and_mlp(spec: ModelSpec, p: str, hidden: int, intermediate: int) -> None:
+    """What every decoder layer has besides its token mixer: the two RMSNorms and the gated MLP."""
+    spec.tensors[f"{p}input_layernorm.weight"] = (hidden,)
+    spec.tensors[f"{p}post_attention_layernorm.weight"] = (hidden,)
+    spec.linears[f"{p}mlp.gate_proj"] = (intermediate, hidden)
+    spec.linears[f"{p}mlp.up_proj"] = (intermediate, hidden)
+    spec.linears[f"{p}mlp.down_proj"] = (hidden, intermediate)
 
 
 def _attention(spec: ModelSpec, p: str, hidden: int, heads: int, kv_heads: int, head_dim: int, *,
@@ -141,11 +145,7 @@ def _mtp_head(spec: ModelSpec, text: Mapping, hidden: int, heads: int, kv_heads:
     intermediate = _int(text, "intermediate_size")
     for layer in range(layers):
         p = f"mtp.layers.{layer}."
-        spec.tensors[f"{p}input_layernorm.weight"] = (hidden,)
-        spec.tensors[f"{p}post_attention_layernorm.weight"] = (hidden,)
-        spec.linears[f"{p}mlp.gate_proj"] = (intermediate, hidden)
-        spec.linears[f"{p}mlp.up_proj"] = (intermediate, hidden)
-        spec.linears[f"{p}mlp.down_proj"] = (hidden, intermediate)
+        _norms_and_mlp(spec, p, hidden, intermediate)
         _attention(spec, p, hidden, heads, kv_heads, head_dim, qk_norm=True,
                    output_gate=bool(text.get("attn_output_gate", True)))
     spec.optional.update(names, (set(spec.linears) | set(spec.tensors)) - before)
