@@ -9,20 +9,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/host_utils.h"
 #include "gemm/weight_gemm.cuh"
 #include "gemm/weight_gemm_plan.h"
 
 namespace volta_fp4 {
 namespace {
 
-// Error messages format integers with std::to_string, never through an ostream: an extension built with a newer
-// host compiler than libstdc++ at run time (the device machine's /opt/gcc) crashed in ostream << int64_t.
-std::string str(int64_t v) { return std::to_string(v); }
-std::string shape(const at::Tensor& t) {
-  std::string out = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + str(t.size(d));
-  return out + "]";
-}
+std::string shape(const at::Tensor& t) { return str(t.sizes()); }
 
 void check_weight_inputs(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
@@ -97,23 +91,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prepare_fp8(const at::Tensor& wei
   return {tiles, make_row_scale(scale, n, Fp8Format::kRowScaleFactor, weight), make_split_k_counters(n, weight)};
 }
 
-bool use_sm70_atom(int64_t mma, const at::Device& device) {
-  if (mma == 70) return true;
-  if (mma == 80) {
-    TORCH_CHECK(at::cuda::getDeviceProperties(device.index())->major >= 8,
-                "the SM80 MMA atom (m16n8k16) needs compute capability >= 8.0");
-    return false;
-  }
-  TORCH_CHECK(mma == 0, "mma must be 0 (by compute capability), 70 or 80, got ", str(mma));
-  return at::cuda::getDeviceProperties(device.index())->major < 8;
-}
-
 template <class Mma, class Format, int BM>
 void launch_fused(GemmParams p, int64_t n_tiles, const at::Tensor& x) {
   const int smem_bytes = fused_smem_bytes(BM);
   auto kernel = weight_gemm_kernel<Mma, Format, BM>;
   static int blocks_per_sm = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    allow_dynamic_smem(kernel, smem_bytes);
     // Prefer shared memory over L1: blocks per SM are bounded by it, and the weights stream through once.
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
