@@ -21,7 +21,7 @@ set -uo pipefail
 STAGE=${STAGE:-1}
 WORK=${WORK:-/tmp/full-depth}
 KIT=${KIT:-.gpu-kit-0.20.2}
-step() { echo; echo "=== $1 ($(date +%T)) ==="; }
+source scripts/gpu/run_steps.sh
 case $STAGE in
   1) stage_pairs="w4a16:default:4096" ;;
   2) stage_pairs="fp16:default:4096 fp16-offload:default:4096" ;;

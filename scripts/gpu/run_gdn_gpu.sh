@@ -7,7 +7,7 @@
 # SKIP=tests leaves the tests out. With vLLM the benchmark may take ~5 min (Triton compiles and autotunes vLLM's
 # kernels on first use): give each version its own device call, VERSIONS=0.20.2 SKIP=tests, then 0.19.1.
 set -uo pipefail
-skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
+source scripts/gpu/run_steps.sh
 source scripts/gpu/gpu_build.sh
 tests_rc=0
 if ! skip tests; then

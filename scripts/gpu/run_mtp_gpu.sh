@@ -7,10 +7,8 @@
 # Logs and tables land in $OUT. SKIP="lossless round-cost" leaves those parts out; MODES="eager" limits the tests.
 set -uo pipefail
 VERSIONS=${VERSIONS:-"0.20.2 0.19.1"}
-skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
+source scripts/gpu/run_steps.sh
 status=0
-step() { echo; echo "=== $1 ($(date +%T)) ==="; }
-summary() { grep -E "passed|failed|error" "$1" | tail -1; grep -E "^(FAILED|ERROR)" "$1" | head -20; }
 
 step build
 source scripts/gpu/gpu_build.sh
