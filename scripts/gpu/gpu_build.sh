@@ -1,10 +1,20 @@
 # Sourced by the run_*_gpu.sh scripts: $OUT, PYTHONPATH, and the extension built in place for the GPU at hand.
+# A fresh machine has no build: each build is also left in $OUT as extension-KEY.tgz (KEY: a digest of setup.py,
+# csrc/ and the GPU architecture). Copied to .prebuilt/ here and carried (carry [".prebuilt", …]), a later call on
+# the same sources unpacks it instead of compiling again.
 OUT=${OUT:-/tmp/vvf4-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 ARCH=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')")
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+build_key=$( (find csrc -type f | LC_ALL=C sort | xargs cat; cat setup.py; echo "$ARCH") | sha256sum | cut -c1-16)
 build_start=$(date +%s)
-TORCH_CUDA_ARCH_LIST=$ARCH VLLM_VOLTA_FP4_BUILD_EXT=1 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
-  || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
-echo "build: $(( $(date +%s) - build_start )) s"
+if [[ -f .prebuilt/extension-$build_key.tgz ]]; then
+  tar xzf ".prebuilt/extension-$build_key.tgz"
+  echo "build: unpacked the carried extension-$build_key.tgz"
+else
+  TORCH_CUDA_ARCH_LIST=$ARCH VLLM_VOLTA_FP4_BUILD_EXT=1 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
+    || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
+  echo "build: $(( $(date +%s) - build_start )) s"
+  tar czf "$OUT/extension-$build_key.tgz" vllm_volta_fp4/_C*.so
+fi

@@ -9,8 +9,10 @@
 # (our GDN kernels inside vLLM's GDN layer) under each vLLM version.
 # Phase 2: the tensor-parallel-2 tests over both GPUs, each vLLM version. Logs and tables land in $OUT.
 # On a one-GPU machine phase 1 runs one after the other on GPU 0 and phase 2 is skipped.
-# SKIP="throughput kernel-tests tp2" leaves those parts out. E2E_SELECT (pytest -k, default: eager engines only) picks
-# the end-to-end tests, E2E_TIMEOUT their time per vLLM version; the default-mode engines (torch.compile + CUDA
+# Before them, README's serve line in default mode under each version (README_VERSIONS) alone on the GPU.
+# SKIP="readme throughput kernel-tests tp2" leaves those parts out. E2E_SELECT (pytest -k, default: eager engines only) picks
+# the end-to-end tests, E2E_WORKERS their pytest-xdist workers per version, E2E_TIMEOUT their time per vLLM version
+# (default: what is left of the call); the default-mode engines (torch.compile + CUDA
 # graphs, ~1 min each) go in calls of their own, e.g. SKIP="throughput kernel-tests tp2" E2E_SELECT="default-mode and
 # llama" (then "... and qwen3 and not qwen3_5", "... and qwen3_5"); the CUDA graph modes vLLM chose land in
 # $OUT/graph-modes-VERSION.jsonl.
@@ -27,6 +29,13 @@ for version in $VERSIONS; do
   KIT=.gpu-kit-$version SITE=/tmp/site-$version source scripts/gpu/gpu_kit_install.sh
   SITES[$version]=/tmp/site-$version
 done
+if ! skip readme; then  # alone on the GPU: vLLM serve claims 90 % of its memory
+  source scripts/gpu/readme_serve.sh
+  for version in ${README_VERSIONS:-$VERSIONS}; do
+    step "README's serve line, default mode, vLLM $version"
+    readme_serve "${SITES[$version]}" "$OUT/readme-serve-$version.log" || status=1
+  done
+fi
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 second=$(( gpus > 1 ? 1 : 0 ))
 cores=$(nproc); quarter=$(( cores / 4 ))
@@ -38,8 +47,8 @@ fi
 e2e() {  # e2e VERSION GPUS PYTEST_ARGS... → $OUT/e2e-VERSION[-tp].log
   local version=$1 devices=$2 log=$3; shift 3
   CUDA_VISIBLE_DEVICES=$devices PYTHONPATH=${SITES[$version]}:$PYTHONPATH \
-    VOLTA_FP4_GRAPH_MODES_FILE=$OUT/graph-modes-$version.jsonl timeout "${E2E_TIMEOUT:-480}" "${pin_tests[@]}" \
-    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_end_to_end.py \
+    VOLTA_FP4_GRAPH_MODES_FILE=$OUT/graph-modes-$version.jsonl timeout "${E2E_TIMEOUT:-$(seconds_left)}" "${pin_tests[@]}" \
+    python3 -m pytest -q -p no:cacheprovider ${E2E_WORKERS:+-n $E2E_WORKERS} tests/gpu/test_vllm_end_to_end.py \
     tests/gpu/test_gdn_plugin_gpu.py "$@" > "$log" 2>&1
 }
 
@@ -50,7 +59,7 @@ skip throughput || ( CUDA_VISIBLE_DEVICES=0 PYTHONPATH=${SITES[0.20.2]}:$PYTHONP
 (( gpus > 1 )) || wait $throughput
 pids=()
 skip kernel-tests ||
-CUDA_VISIBLE_DEVICES=$second timeout 360 "${pin_tests[@]}" python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu \
+CUDA_VISIBLE_DEVICES=$second timeout $(( $(seconds_left) < 360 ? $(seconds_left) : 360 )) "${pin_tests[@]}" python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu \
   --ignore tests/gpu/test_vllm_end_to_end.py --ignore tests/gpu/test_gdn_plugin_gpu.py > "$OUT/gpu-tests.log" 2>&1 & pids+=($!)
 for version in $VERSIONS; do e2e "$version" "$second" "$OUT/e2e-$version.log" \
   -k "not tensor_parallel and (${E2E_SELECT:-not default-mode})" & pids+=($!); done

@@ -1,4 +1,7 @@
-# Sourced by the run_*_gpu.sh scripts: the step banner, SKIP="part …" and a pytest log's summary lines.
+# Sourced by the run_*_gpu.sh scripts: the step banner, SKIP="part …", a pytest log's summary lines, and the seconds
+# left before DEADLINE (seconds after the script started, default 570: a device call ends at 600).
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date +%T)) ==="; }
 summary() { grep -E "passed|failed|error" "$1" | tail -1; grep -E "^(FAILED|ERROR)" "$1" | head -20; }
+script_start=$(date +%s)
+seconds_left() { local left=$(( ${DEADLINE:-570} - ($(date +%s) - script_start) )); echo $(( left > 10 ? left : 10 )); }
