@@ -105,7 +105,9 @@ def _extensions() -> tuple[list, dict]:
         f"building the CUDA extension for TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']} "
         f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
     )
-    sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True))
+    # csrc/driver/ is the other build's host code (its own module init): never in the same library.
+    sources = sorted(path for path in glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True)
+                     if not path.startswith(os.path.join("csrc", "driver", "")))
     extension = CUDAExtension(
         name="vllm_volta_fp4._C",
         sources=sources,
