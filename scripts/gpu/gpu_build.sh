@@ -9,12 +9,15 @@ ARCH=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'{
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 build_key=$( (find csrc -type f | LC_ALL=C sort | xargs cat; cat setup.py; echo "$ARCH") | sha256sum | cut -c1-16)
 build_start=$(date +%s)
-if [[ -f .prebuilt/extension-$build_key.tgz ]]; then
-  tar xzf ".prebuilt/extension-$build_key.tgz"
+if [[ "$(cat build/extension-key 2> /dev/null)" == "$build_key" ]] && ls vllm_volta_fp4/_C*.so > /dev/null 2>&1; then
+  echo "build: the extension for $build_key is in place"  # a warm machine, or a script beside this one
+elif [[ -f .prebuilt/extension-$build_key.tgz ]]; then
+  tar xzf ".prebuilt/extension-$build_key.tgz" && mkdir -p build && echo "$build_key" > build/extension-key
   echo "build: unpacked the carried extension-$build_key.tgz"
 else
   TORCH_CUDA_ARCH_LIST=$ARCH VLLM_VOLTA_FP4_BUILD_EXT=1 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
     || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
   echo "build: $(( $(date +%s) - build_start )) s"
   tar czf "$OUT/extension-$build_key.tgz" vllm_volta_fp4/_C*.so
+  mkdir -p build && echo "$build_key" > build/extension-key
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here (CPU machine): builds .gpu-kit, what the GPU machine lacks to run a real vLLM with this plugin — vLLM's
 # pure-Python part and the wheels it imports (the shared gpu-vllm-kit), plus compressed-tensors and loguru, which
-# vLLM imports as soon as a model is quantized. Usage: bash scripts/gpu/make_gpu_kit.sh [VLLM_VERSION] (default 0.20.2)
+# vLLM imports as soon as a model is quantized, and what `vllm serve` imports. Usage: bash scripts/gpu/make_gpu_kit.sh [VLLM_VERSION] (default 0.20.2)
 # Writes .gpu-kit-VLLM_VERSION (one per version, so that one device call can carry both: ~22 MB each).
 set -euo pipefail
 version=${1:-0.20.2}
@@ -12,6 +12,12 @@ tmp=$(mktemp -d)
 python3 -m pip download -q --no-deps -d "$tmp" "vllm==$version" 2> >(grep -v "^WARNING: Location" >&2)
 pin=$(unzip -p "$tmp"/vllm-*.whl "vllm-$version.dist-info/METADATA" | sed -n 's/^Requires-Dist: compressed-tensors *==\([0-9.]*\).*/\1/p')
 rm -rf "$tmp"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d "$kit/wheels" \
-  "compressed-tensors==$pin" loguru==0.7.3 2> >(grep -v "^WARNING: Location" >&2)
+# `vllm serve` (README's line) imports more than the engine: the HTTP server and what its request models use (the
+# modules vllm.entrypoints.cli.serve imports that the GPU machine lacks, found with those absent here).
+serve=(uvicorn watchfiles model-hosting-container-standards jmespath more-itertools mistral_common
+       prometheus-fastapi-instrumentator setproctitle)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$kit/wheels" \
+  "compressed-tensors==$pin" loguru==0.7.3 "${serve[@]}" 2> >(grep -v "^WARNING: Location" >&2)
 du -sh "$kit"

@@ -26,8 +26,8 @@ source scripts/gpu/gpu_build.sh
 step "install the vLLM kits: $VERSIONS"
 declare -A SITES
 for version in $VERSIONS; do
-  KIT=.gpu-kit-$version SITE=/tmp/site-$version source scripts/gpu/gpu_kit_install.sh
-  SITES[$version]=/tmp/site-$version
+  KIT=.gpu-kit-$version SITE=${SITE_ROOT:-/tmp}/site-$version source scripts/gpu/gpu_kit_install.sh
+  SITES[$version]=${SITE_ROOT:-/tmp}/site-$version
 done
 if ! skip readme; then  # alone on the GPU: vLLM serve claims 90 % of its memory
   source scripts/gpu/readme_serve.sh

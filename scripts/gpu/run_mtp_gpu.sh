@@ -4,7 +4,8 @@
 #   device: carry [".gpu-kit-0.20.2", ".gpu-kit-0.19.1"], COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_mtp_gpu.sh
 # 1. tests/gpu/test_mtp_lossless.py (every format, K 1/3, batch 1/4, eager and default mode) under each version;
 # 2. benchmarks/mtp_round_cost.py (27B widths, K 1..7, default mode) under vLLM 0.20.2.
-# Logs and tables land in $OUT. SKIP="lossless round-cost" leaves those parts out; MODES="eager" limits the tests.
+# Logs and tables land in $OUT. SKIP="lossless round-cost" leaves those parts out; MODES (pytest -k) selects tests,
+# MTP_WORKERS runs them on pytest-xdist workers, DEADLINE bounds the call (run_steps.sh).
 set -uo pipefail
 VERSIONS=${VERSIONS:-"0.20.2 0.19.1"}
 source scripts/gpu/run_steps.sh
@@ -14,23 +15,26 @@ step build
 source scripts/gpu/gpu_build.sh
 declare -A SITES
 for version in $VERSIONS; do
-  KIT=.gpu-kit-$version SITE=/tmp/site-$version source scripts/gpu/gpu_kit_install.sh
-  SITES[$version]=/tmp/site-$version
+  KIT=.gpu-kit-$version SITE=${SITE_ROOT:-/tmp}/site-$version source scripts/gpu/gpu_kit_install.sh
+  SITES[$version]=${SITE_ROOT:-/tmp}/site-$version
 done
-if ! skip lossless; then
+if ! skip lossless; then  # the versions side by side, MTP_WORKERS pytest-xdist workers each
   selection=()
   [[ -n "${MODES:-}" ]] && selection=(-k "$MODES")
+  step "lossless MTP tests, vLLM $VERSIONS"
+  pids=()
   for version in $VERSIONS; do
-    step "lossless MTP tests, vLLM $version"
-    PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout 540 python3 -m pytest -q -p no:cacheprovider \
-      tests/gpu/test_mtp_lossless.py "${selection[@]}" > "$OUT/mtp-lossless-$version.log" 2>&1 || status=1
-    summary "$OUT/mtp-lossless-$version.log"
+    PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout "$(seconds_left)" python3 -m pytest -q -p no:cacheprovider \
+      ${MTP_WORKERS:+-n $MTP_WORKERS} tests/gpu/test_mtp_lossless.py "${selection[@]}" > "$OUT/mtp-lossless-$version.log" 2>&1 &
+    pids+=($!)
   done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  for version in $VERSIONS; do echo "vLLM $version: $(summary "$OUT/mtp-lossless-$version.log")"; done
 fi
 if ! skip round-cost; then
   step "MTP round cost at 27B widths, vLLM 0.20.2"
   PYTHONPATH=${SITES[0.20.2]}:$PYTHONPATH GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    timeout 540 python3 benchmarks/mtp_round_cost.py --out "$OUT/mtp-round-cost.md" --commit "${COMMIT:-unknown}" \
+    timeout "$(seconds_left)" python3 benchmarks/mtp_round_cost.py --out "$OUT/mtp-round-cost.md" --commit "${COMMIT:-unknown}" \
     > "$OUT/mtp-round-cost.log" 2>&1 || status=1
   tail -15 "$OUT/mtp-round-cost.log"
 fi
