@@ -106,8 +106,8 @@ def _extensions() -> tuple[list, dict]:
         f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
     )
     # csrc/driver/ is the other build's host code (its own module init): never in the same library.
-    sources = sorted(path for path in glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True)
-                     if not path.startswith(os.path.join("csrc", "driver", "")))
+    candidates = glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True)
+    sources = sorted(path for path in candidates if not path.startswith(os.path.join("csrc", "driver", "")))
     extension = CUDAExtension(
         name="vllm_volta_fp4._C",
         sources=sources,
