@@ -13,9 +13,10 @@ python3 -m pip download -q --no-deps -d "$tmp" "vllm==$version" 2> >(grep -v "^W
 pin=$(unzip -p "$tmp"/vllm-*.whl "vllm-$version.dist-info/METADATA" | sed -n 's/^Requires-Dist: compressed-tensors *==\([0-9.]*\).*/\1/p')
 rm -rf "$tmp"
 # `vllm serve` (README's line) imports more than the engine: the HTTP server and what its request models use (the
-# modules vllm.entrypoints.cli.serve imports that the GPU machine lacks, found with those absent here).
-serve=(uvicorn watchfiles model-hosting-container-standards jmespath more-itertools mistral_common
-       prometheus-fastapi-instrumentator setproctitle)
+# modules vllm.entrypoints, tool_parsers and reasoning import that the GPU machine lacks, found with those absent here).
+serve=(uvicorn watchfiles model-hosting-container-standards jmespath more-itertools mistral_common ijson
+       prometheus-fastapi-instrumentator setproctitle jsonschema jsonschema-specifications referencing rpds-py
+       pydantic-extra-types)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$kit/wheels" \

@@ -48,7 +48,7 @@ e2e() {  # e2e VERSION GPUS PYTEST_ARGS... → $OUT/e2e-VERSION[-tp].log
   local version=$1 devices=$2 log=$3; shift 3
   CUDA_VISIBLE_DEVICES=$devices PYTHONPATH=${SITES[$version]}:$PYTHONPATH \
     VOLTA_FP4_GRAPH_MODES_FILE=$OUT/graph-modes-$version.jsonl timeout "${E2E_TIMEOUT:-$(seconds_left)}" "${pin_tests[@]}" \
-    python3 -m pytest -q -p no:cacheprovider ${E2E_WORKERS:+-n $E2E_WORKERS} tests/gpu/test_vllm_end_to_end.py \
+    python3 -m pytest -v -p no:cacheprovider ${E2E_WORKERS:+-n $E2E_WORKERS} tests/gpu/test_vllm_end_to_end.py \
     tests/gpu/test_gdn_plugin_gpu.py "$@" > "$log" 2>&1
 }
 

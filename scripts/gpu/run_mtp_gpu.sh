@@ -24,7 +24,7 @@ if ! skip lossless; then  # the versions side by side, MTP_WORKERS pytest-xdist 
   step "lossless MTP tests, vLLM $VERSIONS"
   pids=()
   for version in $VERSIONS; do
-    PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout "$(seconds_left)" python3 -m pytest -q -p no:cacheprovider \
+    PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout "$(seconds_left)" python3 -m pytest -v -p no:cacheprovider \
       ${MTP_WORKERS:+-n $MTP_WORKERS} tests/gpu/test_mtp_lossless.py "${selection[@]}" > "$OUT/mtp-lossless-$version.log" 2>&1 &
     pids+=($!)
   done
@@ -38,4 +38,7 @@ if ! skip round-cost; then
     > "$OUT/mtp-round-cost.log" 2>&1 || status=1
   tail -15 "$OUT/mtp-round-cost.log"
 fi
+# At most 8 files come back from $OUT: the tables, and the logs in one archive.
+rm -f "$OUT"/kit-install-*.log "$OUT/gpu.txt"
+tar czf "$OUT/mtp-logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
 exit $status

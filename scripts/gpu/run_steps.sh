@@ -2,6 +2,11 @@
 # left before DEADLINE (seconds after the script started, default 570: a device call ends at 600).
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date +%T)) ==="; }
-summary() { grep -E "passed|failed|error" "$1" | tail -1; grep -E "^(FAILED|ERROR)" "$1" | head -20; }
+summary() {  # pytest's last line, or (a run stopped at its time limit) the verbose result lines so far
+  local last
+  last=$(grep -E "(passed|failed|errors?)\b.* in [0-9.]+s" "$1" | tail -1)
+  echo "${last:-stopped before its summary: $(grep -c " PASSED" "$1") passed, $(grep -c " FAILED" "$1") failed so far}"
+  grep -E "^(FAILED|ERROR)" "$1" | head -20
+}
 script_start=$(date +%s)
 seconds_left() { local left=$(( ${DEADLINE:-570} - ($(date +%s) - script_start) )); echo $(( left > 10 ? left : 10 )); }
