@@ -16,7 +16,7 @@ rm -rf "$tmp"
 # modules vllm.entrypoints, tool_parsers and reasoning import that the GPU machine lacks, found with those absent here).
 serve=(uvicorn watchfiles model-hosting-container-standards jmespath more-itertools mistral_common ijson
        prometheus-fastapi-instrumentator setproctitle jsonschema jsonschema-specifications referencing rpds-py
-       pydantic-extra-types)
+       pydantic-extra-types pycountry)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$kit/wheels" \
