@@ -104,13 +104,14 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def openai_server(tiny_checkpoints, tmp_path_factory):
     """One vLLM OpenAI-compatible server for the session: CPU engine, the tiny ModelOpt NVFP4 model through
-    volta_nvfp4, float32, bound to 127.0.0.1 and stopped by its process group."""
+    volta_nvfp4, float32, in vLLM's default mode (torch.compile, as `vllm serve` runs without --enforce-eager), bound
+    to 127.0.0.1 and stopped by its process group."""
     pytest.importorskip("vllm")
     model = str(tiny_checkpoints["modelopt-nvfp4"])
     port = _free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--quantization", "volta_nvfp4", "--dtype", "float32", "--enforce-eager",
+               "--quantization", "volta_nvfp4", "--dtype", "float32",
                "--max-model-len", str(SERVER_MAX_MODEL_LEN), "--host", "127.0.0.1", "--port", str(port)]
     with log.open("w") as sink:
         process = subprocess.Popen(command, env=CPU_ENGINE_ENV, stdout=sink, stderr=subprocess.STDOUT,

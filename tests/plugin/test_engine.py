@@ -1,6 +1,7 @@
 """A real vLLM engine on this CPU: every checkpoint format through ``quantization="volta_nvfp4"`` gives the same
-greedy tokens as the dequantized model run unquantized by the same engine; the OpenAI server answers, also under
-32 concurrent requests; tensor parallel 2 matches tensor parallel 1."""
+greedy tokens as the dequantized model run unquantized by the same engine; vLLM's default mode (torch.compile:
+Dynamo traces the plugin's linear methods with fullgraph) gives the eager tokens; the OpenAI server (default mode)
+answers, also under 32 concurrent requests; tensor parallel 2 matches tensor parallel 1."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ MAX_TOKENS = 32
 NVFP4_FAMILY = ("modelopt-nvfp4", "modelopt-w4a16", "ct-w4a16", "ct-w4a4")
 ENGINE = {"dtype": "float32"}
 QUANTIZED = {**ENGINE, "quantization": "volta_nvfp4"}
+# greedy.greedy_generate runs eager unless told otherwise; vLLM's default mode on CPU compiles with torch.compile
+# (no CUDA graphs here), which is where the plugin once crashed at start-up.
+DEFAULT_MODE = {**QUANTIZED, "enforce_eager": False}
+DEFAULT_MODE_RUNS = ("modelopt-mixed", "qwen3")  # FP8 and NVFP4 linear methods; both architectures
+NO_COMPILE_CACHE = {"VLLM_DISABLE_COMPILE_CACHE": "1"}  # trace every time: a cached graph would hide a trace failure
 
 
 def _tensors(directory):
@@ -64,6 +70,9 @@ def generations(models, tmp_path_factory):
              # vLLM's CPU backend binds each tensor-parallel worker to its own cores; one NUMA node needs it spelled
              {"name": "tp2", "model": str(models["quantized"]["modelopt-nvfp4"]),
               "engine_args": {**QUANTIZED, "tensor_parallel_size": 2}, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}}]
+    checkpoints = {**models["quantized"], "qwen3": models["qwen3"]}
+    runs += [{"name": f"{name}-default-mode", "model": str(checkpoints[name]), "engine_args": DEFAULT_MODE,
+              "env": NO_COMPILE_CACHE} for name in DEFAULT_MODE_RUNS]
     work = tmp_path_factory.mktemp("generations")
     spec, out = work / "spec.json", work / "out.json"
     spec.write_text(json.dumps({"runs": runs, "prompts": DEFAULT_PROMPTS, "max_tokens": MAX_TOKENS}))
@@ -90,6 +99,11 @@ def test_greedy_tokens_identical_to_the_dequantized_model(generations, fmt):
 
 def test_qwen3_architecture_matches_too(generations):
     _assert_same_generation(generations["qwen3"], generations["dense-qwen3"], "qwen3")
+
+
+@pytest.mark.parametrize("name", DEFAULT_MODE_RUNS)
+def test_default_mode_matches_eager(generations, name):
+    _assert_same_generation(generations[f"{name}-default-mode"], generations[name], f"{name} default mode")
 
 
 def test_tensor_parallel_2_matches_tensor_parallel_1(generations):
