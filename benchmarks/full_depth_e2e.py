@@ -44,7 +44,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 import v100_budget  # noqa: E402
 
 from devkit.gpu_time import gpu_time_per_decode_token  # noqa: E402
-from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS  # noqa: E402
+from vllm_volta_fp4.testing.greedy import ENGINE_MODES  # noqa: E402
 from vllm_volta_fp4.testing.tiny_model import qwen3_8_27b, stream_hybrid_checkpoint  # noqa: E402
 from vllm_volta_fp4.toolkit import benchmark, planner  # noqa: E402
 
@@ -53,10 +53,7 @@ FULL_VOCAB = 248320
 V100_BUDGET_BYTES = 0.9 * planner.GPU_PRESETS["v100-32gb"]  # what vLLM gets on a V100-32GB at utilisation 0.9
 FP16_DIR = "fp16-config-only"
 FAMILIES = ("linear", "attention", "GDN", "other")
-MODES = {
-    "default": {**WITHOUT_VLLM_KERNELS, "enforce_eager": False},  # torch.compile + CUDA graphs, native custom ops
-    "eager": dict(WITHOUT_VLLM_KERNELS),
-}
+MODES = ENGINE_MODES
 
 
 @dataclass(frozen=True)

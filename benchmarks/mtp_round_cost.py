@@ -33,14 +33,12 @@ PUBLISHED_ACCEPTANCE = "2.8-3.8 at K = 3 (the figures issue #16 quotes for Qwen3
 def _engine(model: str, k: int | None, eager: bool, max_len: int):
     from vllm import LLM
 
-    from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, supported_engine_args
+    from vllm_volta_fp4.testing.greedy import ENGINE_MODES, supported_engine_args
 
-    settings = {**WITHOUT_VLLM_KERNELS, "model": model, "quantization": "volta_nvfp4", "dtype": "float16",
-                "max_model_len": max_len, "max_num_seqs": 1, "gpu_memory_utilization": 0.85,
+    settings = {**ENGINE_MODES["eager" if eager else "default"], "model": model, "quantization": "volta_nvfp4",
+                "dtype": "float16", "max_model_len": max_len, "max_num_seqs": 1, "gpu_memory_utilization": 0.85,
                 "enable_prefix_caching": False, "language_model_only": True, "gdn_prefill_backend": "triton",
                 "attention_backend": "CUSTOM", "seed": 0}
-    if not eager:
-        settings.update(enforce_eager=False, compilation_config={"custom_ops": ["none"]})
     if k:
         settings["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
     return LLM(**supported_engine_args(settings))

@@ -32,14 +32,11 @@ from tests.gpu.test_vllm_end_to_end import (
     pytestmark,  # noqa: F401  (same skips and marks)
     start_engine,
 )
-from vllm_volta_fp4.testing.greedy import Generation, generate_with
+from vllm_volta_fp4.testing.greedy import ENGINE_MODES, Generation, generate_with
 from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
 
 MTP_METHOD = "mtp"
-MODES = {
-    "eager": {},  # ENGINE's default: enforce_eager, native custom ops
-    "default": {"enforce_eager": False, "compilation_config": {"custom_ops": ["none"]}},
-}
+MODES = {"eager": ENGINE_MODES["eager"], "default": ENGINE_MODES["default"]}  # the order of the test ids
 # Speculative batches and prefix caching of the hybrid's GDN state are a separate question; keep it off here.
 SPEC_ENGINE = {**QWEN3_5, "quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
                "enable_prefix_caching": False}

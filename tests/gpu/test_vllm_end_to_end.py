@@ -28,7 +28,13 @@ import torch
 
 from devkit.engine import attention_impls, cuda_graph_modes
 from vllm_volta_fp4.ops import linear
-from vllm_volta_fp4.testing.greedy import WITHOUT_VLLM_KERNELS, Generation, generate_with, supported_engine_args
+from vllm_volta_fp4.testing.greedy import (
+    ENGINE_MODES,
+    WITHOUT_VLLM_KERNELS,
+    Generation,
+    generate_with,
+    supported_engine_args,
+)
 from vllm_volta_fp4.testing.tiny_model import FORMATS, make_tiny_checkpoint
 from vllm_volta_fp4.toolkit.convert import convert_to_dense
 
@@ -58,9 +64,9 @@ ENGINE = {
 }
 # vLLM's default mode as users run it (torch.compile, CUDA graphs), still without vLLM's compiled kernels: Inductor
 # writes the norms, rotary and activations (custom_ops none). A few capture sizes keep the engine start short.
-DEFAULT_MODE = {"enforce_eager": False,
+DEFAULT_MODE = {**ENGINE_MODES["default"],
                 "compilation_config": {"custom_ops": ["none"], "cudagraph_capture_sizes": [1, 2, 4, 8]}}
-MODES = {"eager": {}, "default-mode": DEFAULT_MODE}
+MODES = {"eager": {}, "default-mode": DEFAULT_MODE}  # eager: ENGINE's own (runs of the same settings are shared)
 # Where the graph modes vLLM chose are appended (JSON lines), for the closing note; unset: not recorded.
 GRAPH_MODES_FILE = os.environ.get("VOLTA_FP4_GRAPH_MODES_FILE")
 # In-process engine core, so the test can see which attention implementation the engine really runs; offline;

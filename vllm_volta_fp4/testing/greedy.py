@@ -28,6 +28,9 @@ WITHOUT_VLLM_KERNELS = {
     "ir_op_priority": {"rms_norm": ["native"]},  # vLLM >= 0.20; older versions have no IR ops
     "disable_custom_all_reduce": True,
 }
+# The two ways an engine runs under that constraint: vLLM's default mode (torch.compile + CUDA graphs; Inductor writes
+# the native ops) and eager.
+ENGINE_MODES = {"default": {**WITHOUT_VLLM_KERNELS, "enforce_eager": False}, "eager": WITHOUT_VLLM_KERNELS}
 
 
 def supported_engine_args(engine_args: dict) -> dict:
