@@ -12,12 +12,12 @@ build_start=$(date +%s)
 if [[ "$(cat build/extension-key 2> /dev/null)" == "$build_key" ]] && ls vllm_volta_fp4/_C*.so > /dev/null 2>&1; then
   echo "build: the extension for $build_key is in place"  # a warm machine, or a script beside this one
 elif [[ -f .prebuilt/extension-$build_key.tgz ]]; then
-  tar xzf ".prebuilt/extension-$build_key.tgz" && mkdir -p build && echo "$build_key" > build/extension-key
+  tar xzf ".prebuilt/extension-$build_key.tgz" || exit 1
   echo "build: unpacked the carried extension-$build_key.tgz"
 else
   TORCH_CUDA_ARCH_LIST=$ARCH VLLM_VOLTA_FP4_BUILD_EXT=1 MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
     || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
   echo "build: $(( $(date +%s) - build_start )) s"
   tar czf "$OUT/extension-$build_key.tgz" vllm_volta_fp4/_C*.so
-  mkdir -p build && echo "$build_key" > build/extension-key
 fi
+mkdir -p build && echo "$build_key" > build/extension-key

@@ -24,11 +24,7 @@ status=0
 step build
 source scripts/gpu/gpu_build.sh
 step "install the vLLM kits: $VERSIONS"
-declare -A SITES
-for version in $VERSIONS; do
-  KIT=.gpu-kit-$version SITE=${SITE_ROOT:-/tmp}/site-$version source scripts/gpu/gpu_kit_install.sh
-  SITES[$version]=${SITE_ROOT:-/tmp}/site-$version
-done
+source scripts/gpu/gpu_kits.sh
 if ! skip readme; then  # alone on the GPU: vLLM serve claims 90 % of its memory
   source scripts/gpu/readme_serve.sh
   for version in ${README_VERSIONS:-$VERSIONS}; do

@@ -13,11 +13,7 @@ status=0
 
 step build
 source scripts/gpu/gpu_build.sh
-declare -A SITES
-for version in $VERSIONS; do
-  KIT=.gpu-kit-$version SITE=${SITE_ROOT:-/tmp}/site-$version source scripts/gpu/gpu_kit_install.sh
-  SITES[$version]=${SITE_ROOT:-/tmp}/site-$version
-done
+source scripts/gpu/gpu_kits.sh
 if ! skip lossless; then  # the versions side by side, MTP_WORKERS pytest-xdist workers each
   selection=()
   [[ -n "${MODES:-}" ]] && selection=(-k "$MODES")

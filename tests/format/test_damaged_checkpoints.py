@@ -96,33 +96,40 @@ def test_every_damaged_config_is_refused(pristine, tmp_path, arch, fmt):
     assert not failures, failures[:10]
 
 
-def _header(path: Path) -> dict:
-    raw = path.read_bytes()
-    return json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+def _header(raw: bytes) -> tuple[int, dict]:
+    """A safetensors file's (offset of its data section, header)."""
+    end = 8 + struct.unpack("<Q", raw[:8])[0]
+    return end, json.loads(raw[8:end])
+
+
+def _draw_shard(data, pristine) -> tuple[Path, str]:
+    """A pristine checkpoint of CHECKPOINTS and one of its shard files, drawn."""
+    arch, fmt = data.draw(st.sampled_from(CHECKPOINTS), label="checkpoint")
+    source = pristine(arch, fmt)
+    return source, data.draw(st.sampled_from(sorted(set(damage.tensor_names(source).values()))), label="shard")
 
 
 @FLIPS
 @given(data=st.data())
 def test_a_flipped_header_byte_is_refused_unless_the_header_means_the_same(pristine, tmp_path, data):
-    arch, fmt = data.draw(st.sampled_from(CHECKPOINTS), label="checkpoint")
-    source = pristine(arch, fmt)
-    shard = data.draw(st.sampled_from(sorted(set(damage.tensor_names(source).values()))), label="shard")
+    source, shard = _draw_shard(data, pristine)
     _, end, metadata = damage.header_span(source / shard)
     offset = data.draw(st.integers(0, end - 1).filter(lambda o: metadata is None or not metadata[0] <= o < metadata[1]),
                        label="offset")
     case = damage.flip_byte(shard, offset, data.draw(st.integers(1, 255), label="mask"))
     target = damaged_copy(source, case, tmp_path)
     try:
-        unchanged = offset >= 8 and _header(target / shard) == _header(source / shard)
+        headers = [_header((root / shard).read_bytes())[1] for root in (target, source)]
+        unchanged = offset >= 8 and headers[0] == headers[1]
     except (ValueError, UnicodeDecodeError):
         unchanged = False
     assert check(target, case, refused=not unchanged) is None, check(target, case, refused=not unchanged)
 
 
-def _data_offset(path: Path, name: str) -> int:
-    raw = path.read_bytes()
-    size = struct.unpack("<Q", raw[:8])[0]
-    return 8 + size + _header(path)[name]["data_offsets"][0]
+def _data_offset(raw: bytes, name: str) -> int:
+    """Where tensor ``name``'s bytes start in the safetensors file ``raw``."""
+    end, header = _header(raw)
+    return end + header[name]["data_offsets"][0]
 
 
 @FLIPS
@@ -143,10 +150,10 @@ def test_a_flipped_scale_byte_is_refused_exactly_when_the_scale_becomes_unusable
     size = math.prod(shape) * (4 if dtype == torch.float32 else 1)
     byte = data.draw(st.integers(0, size - 1), label="byte")
     mask = data.draw(st.integers(1, 255), label="mask")
-    case = damage.flip_byte(shard, _data_offset(source / shard, name) + byte, mask)
+    case = damage.flip_byte(shard, _data_offset((source / shard).read_bytes(), name) + byte, mask)
     target = damaged_copy(source, case, tmp_path)
     raw = (target / shard).read_bytes()
-    start = _data_offset(target / shard, name)
+    start = _data_offset(raw, name)
     if role == "block":
         value = raw[start + byte]
         unusable = (value & 0x7F) == 0x7F or (value & 0x80 and value != 0x80)
@@ -163,9 +170,7 @@ def test_a_flipped_scale_byte_is_refused_exactly_when_the_scale_becomes_unusable
 @FLIPS
 @given(data=st.data())
 def test_a_truncated_shard_is_refused(pristine, tmp_path, data):
-    arch, fmt = data.draw(st.sampled_from(CHECKPOINTS), label="checkpoint")
-    source = pristine(arch, fmt)
-    shard = data.draw(st.sampled_from(sorted(set(damage.tensor_names(source).values()))), label="shard")
+    source, shard = _draw_shard(data, pristine)
     case = damage.truncate(shard, data.draw(st.integers(0, (source / shard).stat().st_size - 1), label="length"))
     target = damaged_copy(source, case, tmp_path)
     assert check(target, case, refused=True) is None, check(target, case, refused=True)

@@ -24,11 +24,11 @@ import torch
 
 from tests.gpu.test_vllm_end_to_end import (
     ENGINE,
-    ENVIRONMENT,
     MAX_TOKENS,
     PROMPTS,
     QWEN3_5,
     assert_same_greedy,
+    engine_environment,  # noqa: F401  (autouse: the same engine environment for this module)
     pytestmark,  # noqa: F401  (same skips and marks)
     start_engine,
 )
@@ -41,20 +41,6 @@ MODES = {"eager": ENGINE_MODES["eager"], "default": ENGINE_MODES["default"]}  # 
 SPEC_ENGINE = {**QWEN3_5, "quantization": "volta_nvfp4", "attention_backend": "CUSTOM",
                "enable_prefix_caching": False}
 CASES = [(fmt, "unquantized") for fmt in FORMATS] + [(fmt, "nvfp4") for fmt in ("modelopt-nvfp4", "ct-w4a16")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def engine_environment():
-    import os
-
-    saved = dict(os.environ)
-    os.environ.update(ENVIRONMENT)
-    import vllm_volta_fp4
-
-    vllm_volta_fp4.register()
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 class SpecRuns:

@@ -139,6 +139,18 @@ def _build(kind: str, config, arch_sizes):
 
 
 LLAMA_SIZES = (320, 864, 8, 2, 64)
+# The checkpoint modules behind each fused layer of _build, with the shard id vLLM's loader takes for each.
+SHARDS = {"qkv": [("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v")],
+          "gate_up": [("mlp.gate_proj", 0), ("mlp.up_proj", 1)], "down": [("mlp.down_proj", None)]}
+
+
+def _loaded_layer(checkpoint: Checkpoint, config, kind: str, shards=None):
+    """A ``kind`` layer of layer 0 (at the simulated TP rank) with the checkpoint's tensors of ``shards`` (default:
+    all of the kind's) fed through its loaders; weights not yet processed."""
+    layer = _build(kind, config, LLAMA_SIZES)
+    for name, shard_id in SHARDS[kind] if shards is None else shards:
+        _load_checkpoint_tensors(layer, checkpoint, "model.layers.0." + name, shard_id)
+    return layer
 
 
 @requires_vllm
@@ -148,18 +160,14 @@ LLAMA_SIZES = (320, 864, 8, 2, 64)
 def test_vllm_loaders_shard_and_our_apply_matches_the_dense_shard(simulated_tp, tiny_checkpoints, fmt, kind, tp):
     checkpoint = Checkpoint(tiny_checkpoints[fmt])
     config = _quant_config(tiny_checkpoints[fmt])
-    prefix = "model.layers.0."
-    shards = {"qkv": [("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v")],
-              "gate_up": [("mlp.gate_proj", 0), ("mlp.up_proj", 1)], "down": [("mlp.down_proj", None)]}[kind]
-    full = {name: _dense(checkpoint, prefix + name) for name, _ in shards}
+    shards = SHARDS[kind]
+    full = {name: _dense(checkpoint, "model.layers.0." + name) for name, _ in shards}
     hidden, intermediate, heads, kv_heads, head_dim = LLAMA_SIZES
     x = torch.randn(3, full[shards[0][0]].shape[1] // (tp if kind == "down" else 1),
                     generator=torch.Generator().manual_seed(tp))
     for rank in range(tp):
         simulated_tp(rank, tp)
-        layer = _build(kind, config, LLAMA_SIZES)
-        for name, shard_id in shards:
-            _load_checkpoint_tensors(layer, checkpoint, prefix + name, shard_id)
+        layer = _loaded_layer(checkpoint, config, kind)
         layer.quant_method.process_weights_after_loading(layer)
         got = layer.quant_method.apply(layer, x)
         # the dense rows (and, row-parallel, columns) this rank owns, per vLLM's partitioning
@@ -193,11 +201,9 @@ def test_row_parallel_split_off_a_16_element_boundary_is_a_clear_error(simulated
 
 @requires_vllm
 def test_a_shard_missing_from_the_checkpoint_is_caught_after_loading(simulated_tp, tiny_checkpoints):
-    checkpoint = Checkpoint(tiny_checkpoints["ct-w4a16"])
     simulated_tp(0, 1)
-    layer = _build("qkv", _quant_config(tiny_checkpoints["ct-w4a16"]), LLAMA_SIZES)
-    for name, shard_id in (("self_attn.q_proj", "q"), ("self_attn.k_proj", "k")):  # v never arrives
-        _load_checkpoint_tensors(layer, checkpoint, "model.layers.0." + name, shard_id)
+    root = tiny_checkpoints["ct-w4a16"]
+    layer = _loaded_layer(Checkpoint(root), _quant_config(root), "qkv", SHARDS["qkv"][:2])  # v never arrives
     with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.qkv_proj.weight_packed' "
                        r"\(fused shard \[2\] of 3\) was never loaded"):
         layer.quant_method.process_weights_after_loading(layer)
@@ -206,11 +212,9 @@ def test_a_shard_missing_from_the_checkpoint_is_caught_after_loading(simulated_t
 @requires_vllm
 def test_a_nan_global_scale_is_reported_as_nan_not_as_never_loaded(simulated_tp, tiny_checkpoints):
     """The loaded-flag, not the scale's value, says whether a tensor arrived: a loaded NaN is called NaN."""
-    checkpoint = Checkpoint(tiny_checkpoints["modelopt-w4a16"])
     simulated_tp(0, 1)
-    layer = _build("gate_up", _quant_config(tiny_checkpoints["modelopt-w4a16"]), LLAMA_SIZES)
-    for name, shard_id in (("mlp.gate_proj", 0), ("mlp.up_proj", 1)):
-        _load_checkpoint_tensors(layer, checkpoint, "model.layers.0." + name, shard_id)
+    root = tiny_checkpoints["modelopt-w4a16"]
+    layer = _loaded_layer(Checkpoint(root), _quant_config(root), "gate_up")
     layer.weight_scale_2.data[1] = float("nan")
     with pytest.raises(ValueError, match=r"global scale 'weight_scale_2' of layer 'model.layers.0.mlp.gate_up_proj' is "
                        r"\[.*nan\]; scales must be finite"):
@@ -219,11 +223,9 @@ def test_a_nan_global_scale_is_reported_as_nan_not_as_never_loaded(simulated_tp,
 
 @requires_vllm
 def test_layers_stay_packed_after_loading(simulated_tp, tiny_checkpoints):
-    checkpoint = Checkpoint(tiny_checkpoints["modelopt-nvfp4"])
     simulated_tp(0, 1)
-    layer = _build("gate_up", _quant_config(tiny_checkpoints["modelopt-nvfp4"]), LLAMA_SIZES)
-    for name, shard_id in (("mlp.gate_proj", 0), ("mlp.up_proj", 1)):
-        _load_checkpoint_tensors(layer, checkpoint, "model.layers.0." + name, shard_id)
+    root = tiny_checkpoints["modelopt-nvfp4"]
+    layer = _loaded_layer(Checkpoint(root), _quant_config(root), "gate_up")
     layer.quant_method.process_weights_after_loading(layer)
     stored = sum(p.numel() * p.element_size() for p in layer.parameters())
     rows, cols = 2 * 864, 320

@@ -343,15 +343,21 @@ def write_checkpoint(dest: Path, weights: dict[str, torch.Tensor], config: dict,
                      quantize_mtp: bool = False) -> Path:
     """Quantize float ``weights`` (Hugging Face names, plus ``mtp.*``) into ``dest`` as producer format ``fmt``
     writes them, with ``config`` as config.json (a tokenizer must already be there)."""
-    config_file, quant_config = _quant_config(fmt, weights, quantize_mtp)
+    _write_configs(dest, config, fmt, weights, quantize_mtp)
+    save_sharded(_quantize_tensors(weights, fmt, quantize_mtp), dest)
+    return dest
+
+
+def _write_configs(dest: Path, config: dict, fmt: str, tensors: dict, quantize_mtp: bool = False) -> None:
+    """config.json, the quantization config where producer ``fmt`` keeps it (inside config.json or a file of its
+    own) for the checkpoint tensors named by ``tensors``' keys, and generation_config.json."""
+    config_file, quant_config = _quant_config(fmt, tensors, quantize_mtp)
     if config_file == "config.json":
         config["quantization_config"] = quant_config
     else:
         (dest / config_file).write_text(json.dumps(quant_config, indent=1))
     (dest / "config.json").write_text(json.dumps(config, indent=1))
     (dest / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 0}))
-    save_sharded(_quantize_tensors(weights, fmt, quantize_mtp), dest)
-    return dest
 
 
 # ---------------------------------------------------------------- streaming writer (full-depth models)
@@ -392,13 +398,7 @@ def stream_hybrid_checkpoint(dest: str | Path, shape: HybridArch, fmt: str = "ct
     vocab = max(vocab or 0, write_tokenizer(dest))
     config = qwen3_5_config(shape, vocab)
     names = {name: tuple(t.shape) for name, t in qwen3_5_model(config, device="meta").state_dict().items()}
-    config_file, quant_config = _quant_config(fmt, names)
-    if config_file == "config.json":
-        config["quantization_config"] = quant_config
-    else:
-        (dest / config_file).write_text(json.dumps(quant_config, indent=1))
-    (dest / "config.json").write_text(json.dumps(config, indent=1))
-    (dest / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 0}))
+    _write_configs(dest, config, fmt, names)
     groups: list[list[str]] = [[n for n in names if _layer_of(n) is None and not n.startswith("lm_head")]]
     for first in range(0, shape.layers, layers_per_shard):
         groups.append([n for n in names if _layer_of(n) in range(first, first + layers_per_shard)])
