@@ -83,6 +83,14 @@ def _tokenize(tokenizer, lines: list[str]) -> list[list[int]]:
     return [tokenizer.encode(line).ids for line in lines]
 
 
+def held_out_prompts(model_dir: Path, seed: int, count: int, length: int = 16) -> list[list[int]]:
+    """The first ``length`` token ids of ``count`` paragraphs of the grammar under a seed training never saw."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return [ids[:length] for ids in _tokenize(tokenizer, corpus(seed + 1000, count))]
+
+
 def train(dest: Path, steps: int, seed: int, batch: int = 16, seq: int = 64, lr: float = 3e-3, log=print):
     """Train the main model and its MTP head jointly; returns (config, float weights with mtp.*, losses)."""
     from tokenizers import Tokenizer
@@ -246,10 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     config, trained, losses = train(args.out, args.steps, args.seed)
     write_checkpoint(args.out, trained, config, args.format)
     (args.out / "training.json").write_text(json.dumps({"steps": args.steps, "seed": args.seed, "losses": losses}))
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(args.out / "tokenizer.json"))
-    prompts = [ids[:16] for ids in _tokenize(tokenizer, corpus(args.seed + 1000, args.prompts))]
+    prompts = held_out_prompts(args.out, args.seed, args.prompts)
     results = {}
     for label, weights in (("float32 (as trained)", trained), (f"{args.format} (served)", served_weights(args.out))):
         results[label] = acceptance(*load_models(config, weights), prompts, args.new_tokens, args.max_k)

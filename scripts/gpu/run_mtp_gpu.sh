@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # One device call (nvidia-h200) for issue #16, MTP speculative decoding, both vLLM versions:
 #   here:   bash scripts/gpu/make_gpu_kit.sh 0.20.2 && bash scripts/gpu/make_gpu_kit.sh 0.19.1
-#   device: carry [".gpu-kit-0.20.2", ".gpu-kit-0.19.1"], COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_mtp_gpu.sh
-# 1. tests/gpu/test_mtp_lossless.py (every format, K 1/3, batch 1/4, eager and default mode) under each version;
+#           python -m devkit.mtp_training --out .mtp-trained   (the trained tiny checkpoint, CPU, ~2 min)
+#   device: carry [".gpu-kit-0.20.2", ".gpu-kit-0.19.1", ".mtp-trained", ".prebuilt"],
+#           COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_mtp_gpu.sh
+# 1. tests/gpu/test_mtp_lossless.py (every format, K 1/3, batch 1/4, eager and default mode) under each version,
+#    and beside them benchmarks/mtp_acceptance_vllm.py on .mtp-trained (vLLM's acceptance length, default mode);
 # 2. benchmarks/mtp_round_cost.py (27B widths, K 1..7, default mode) under vLLM 0.20.2.
-# Logs and tables land in $OUT. SKIP="lossless round-cost" leaves those parts out; MODES (pytest -k) selects tests,
+# Logs and tables land in $OUT. SKIP="lossless acceptance round-cost" leaves parts out; MODES (pytest -k) selects tests,
 # MTP_WORKERS runs them on pytest-xdist workers, DEADLINE bounds the call (run_steps.sh).
 set -uo pipefail
 VERSIONS=${VERSIONS:-"0.20.2 0.19.1"}
 source scripts/gpu/run_steps.sh
 status=0
+pids=()
 
 step build
 source scripts/gpu/gpu_build.sh
@@ -18,15 +22,24 @@ if ! skip lossless; then  # the versions side by side, MTP_WORKERS pytest-xdist 
   selection=()
   [[ -n "${MODES:-}" ]] && selection=(-k "$MODES")
   step "lossless MTP tests, vLLM $VERSIONS"
-  pids=()
   for version in $VERSIONS; do
     PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout "$(seconds_left)" python3 -m pytest -v -p no:cacheprovider \
-      ${MTP_WORKERS:+-n $MTP_WORKERS} tests/gpu/test_mtp_lossless.py "${selection[@]}" > "$OUT/mtp-lossless-$version.log" 2>&1 &
+      ${MTP_WORKERS:+-n $MTP_WORKERS --dist loadgroup} tests/gpu/test_mtp_lossless.py "${selection[@]}" > "$OUT/mtp-lossless-$version.log" 2>&1 &
     pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-  for version in $VERSIONS; do echo "vLLM $version: $(summary "$OUT/mtp-lossless-$version.log")"; done
 fi
+if ! skip acceptance; then  # beside the lossless tests: a few small engines
+  step "vLLM's acceptance on the trained checkpoint, vLLM $VERSIONS"
+  for version in $VERSIONS; do
+    PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout "$(seconds_left)" python3 benchmarks/mtp_acceptance_vllm.py \
+      --model .mtp-trained --out "$OUT/mtp-acceptance-$version.md" --commit "${COMMIT:-unknown}" \
+      > "$OUT/mtp-acceptance-$version.log" 2>&1 &
+    pids+=($!)
+  done
+fi
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+skip lossless || for version in $VERSIONS; do echo "vLLM $version: $(summary "$OUT/mtp-lossless-$version.log")"; done
+skip acceptance || cat "$OUT"/mtp-acceptance-*.md 2>/dev/null
 if ! skip round-cost; then
   step "MTP round cost at 27B widths, vLLM 0.20.2"
   PYTHONPATH=${SITES[0.20.2]}:$PYTHONPATH GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""vLLM's own acceptance of MTP drafts on a trained tiny Qwen3.5 NVFP4 checkpoint, served by volta_nvfp4: the
+acceptance length from vLLM's spec-decode counters, whether the speculative greedy tokens equal the plain ones (with
+drafts really accepted, unlike random weights), and the decode speed-up at batch 1.
+
+The checkpoint comes from ``python -m devkit.mtp_training --out DIR`` (trained on CPU in minutes; its torch
+simulation of the same acceptance is benchmarks/results/mtp-acceptance-cpu.md). Held-out prompts are the ones that
+simulation uses (same seed). A model this small is host-bound on any GPU: its speed-up says what vLLM's
+speculation loop costs on the host, not what a 27B model gains (benchmarks/mtp_round_cost.py is that).
+
+    python3 benchmarks/mtp_acceptance_vllm.py --model DIR --out results.md --commit abc1234 [--max-k 3] [--eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]
+
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def spec_counters(llm) -> dict[str, float]:
+    """vLLM's spec-decode counters of this engine (summed over engine labels), and the per-position acceptances."""
+    counts = dict.fromkeys(SPEC_COUNTERS, 0.0)
+    per_position: list[float] = []
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:spec_decode_")
+        if name in counts:
+            counts[name] += metric.value
+        elif name == "num_accepted_tokens_per_pos":
+            values = metric.values if hasattr(metric, "values") else [metric.value]
+            per_position = [a + b for a, b in zip(per_position or [0.0] * len(values), values, strict=True)]
+    return {**counts, "per_position": per_position}
+
+
+def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Greedy tokens of every prompt alone (batch 1), decode seconds, and the spec-decode counters of the run."""
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vllm_volta_fp4.testing.greedy import ENGINE_MODES, supported_engine_args
+
+    settings = {**ENGINE_MODES[mode], "model": str(model), "quantization": "volta_nvfp4", "dtype": "float16",
+                "max_model_len": 256, "max_num_seqs": 4, "gpu_memory_utilization": 0.3,
+                "kv_cache_memory_bytes": 256 * 2**20, "enable_prefix_caching": False, "language_model_only": True,
+                "gdn_prefill_backend": "triton", "attention_backend": "CUSTOM", "seed": 0,
+                "async_scheduling": False, "disable_log_stats": False}
+    if k:
+        settings["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
+    llm = LLM(**supported_engine_args(settings))
+    try:
+        greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        llm.generate([{"prompt_token_ids": prompts[0]}], greedy, use_tqdm=False)  # warm-up
+        before = spec_counters(llm) if k else None
+        tokens, decode_seconds = [], 0.0
+        for prompt in prompts:
+            start = time.perf_counter()
+            out = llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+            middle = time.perf_counter()
+            llm.generate([{"prompt_token_ids": prompt}], first, use_tqdm=False)  # prefill + first token alone
+            decode_seconds += (middle - start) - (time.perf_counter() - middle)
+            tokens.append(list(out[0].outputs[0].token_ids))
+        counts = {}
+        if k:
+            after = spec_counters(llm)
+            counts = {name: after[name] - before[name] for name in SPEC_COUNTERS}
+            counts["per_position"] = [a - b for a, b in
+                                      zip(after["per_position"], before["per_position"] or [0.0] * k, strict=False)]
+        return {"k": k or 0, "tokens": tokens, "decode_tok_s": len(prompts) * (new_tokens - 1) / decode_seconds,
+                **counts}
+    finally:
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def table(rows: list[dict], args, gpu: str) -> str:
+    import vllm
+
+    plain = rows[0]
+    lines = [f"# MTP acceptance in vLLM: trained tiny Qwen3.5, volta_nvfp4, {args.mode} mode — {gpu}", "",
+             f"Date {datetime.date.today()}, commit {args.commit}, vLLM {vllm.__version__}, "
+             f"`benchmarks/mtp_acceptance_vllm.py --max-k {args.max_k}` on the checkpoint of "
+             f"`python -m devkit.mtp_training --seed {args.seed}` ({args.model.name}).", "",
+             f"{len(plain['tokens'])} held-out prompts, each alone (batch 1), {args.new_tokens} greedy tokens. "
+             "Acceptance length = 1 + accepted / drafts from vLLM's spec-decode counters (tokens per verification "
+             "round). Lossless: the speculative greedy tokens equal the plain engine's. The model is tiny and "
+             "host-bound: its decode speed-up measures vLLM's speculation loop on the host, not a 27B model's gain.",
+             "", "| K | drafts | acceptance length | acceptance rate per draft position | prompts identical to plain "
+             "| decode tok/s | × plain |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        same = sum(a == b for a, b in zip(row["tokens"], plain["tokens"], strict=True))
+        if row["k"]:
+            drafts = row["num_drafts"]
+            length = f"{1 + row['num_accepted_tokens'] / drafts:.2f}" if drafts else "no drafts"
+            rates = ", ".join(f"{value / drafts:.2f}" for value in row["per_position"]) if drafts else ""
+            lines.append(f"| {row['k']} | {drafts:.0f} | {length} | {rates} | {same}/{len(plain['tokens'])} | "
+                         f"{row['decode_tok_s']:.0f} | {row['decode_tok_s'] / plain['decode_tok_s']:.2f} |")
+        else:
+            lines.append(f"| plain | | | | | {row['decode_tok_s']:.0f} | 1.00 |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="checkpoint written by devkit.mtp_training")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--seed", type=int, default=0, help="the training seed (held-out prompts use seed + 1000)")
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--max-k", type=int, default=3)
+    parser.add_argument("--mode", choices=("default", "eager"), default="default")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+
+    import vllm_volta_fp4
+    from devkit.engine import use_torch_allocator_for_triton
+    from devkit.mtp_training import held_out_prompts
+
+    vllm_volta_fp4.register()
+    use_torch_allocator_for_triton()
+    prompts = held_out_prompts(args.model, args.seed, args.prompts)
+    rows = []
+    for k in [None, *range(1, args.max_k + 1)]:
+        rows.append(run(args.model, k, args.mode, prompts, args.new_tokens))
+        print(f"K={k or 0}: {({key: v for key, v in rows[-1].items() if key != 'tokens'})}", flush=True)
+    text = table(rows, args, torch.cuda.get_device_name(0))
+    args.out.write_text(text)
+    print(text)
+    lossless = all(row["tokens"] == rows[0]["tokens"] for row in rows)
+    return 0 if lossless else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
