@@ -2,7 +2,9 @@
 # Here (CPU machine): builds .gpu-kit, what the GPU machine lacks to run a real vLLM with this plugin — vLLM's
 # pure-Python part and the wheels it imports (the shared gpu-vllm-kit), plus compressed-tensors and loguru, which
 # vLLM imports as soon as a model is quantized, and what `vllm serve` imports. Usage: bash scripts/gpu/make_gpu_kit.sh [VLLM_VERSION] (default 0.20.2)
-# Writes .gpu-kit-VLLM_VERSION (one per version, so that one device call can carry both: ~22 MB each).
+# Writes .gpu-kit-VLLM_VERSION (one per version, ~5 MB each) and puts its wheels into .gpu-kit-wheels/, the pool the
+# kits share (most wheels are the same for both versions): a device call carries both kits and the pool (~40 MB)
+# within its 64 MiB. Each kit lists its wheels in wheels.txt.
 set -euo pipefail
 version=${1:-0.20.2}
 kit=.gpu-kit-$version
@@ -21,4 +23,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$kit/wheels" \
   "compressed-tensors==$pin" loguru==0.7.3 "${serve[@]}" 2> >(grep -v "^WARNING: Location" >&2)
-du -sh "$kit"
+mkdir -p .gpu-kit-wheels
+(cd "$kit/wheels" && ls ./*.whl | sed 's|^\./||') > "$kit/wheels.txt"
+mv -n "$kit"/wheels/*.whl .gpu-kit-wheels/ && rm -rf "$kit/wheels"  # a name already pooled is the same file
+du -sh "$kit" .gpu-kit-wheels
