@@ -46,7 +46,7 @@ def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tok
     import torch
     from vllm import LLM, SamplingParams
 
-    from vllm_volta_fp4.testing.greedy import ENGINE_MODES, supported_engine_args
+    from vllm_volta_fp4.testing.greedy import ENGINE_MODES, generate_with, supported_engine_args
 
     settings = {**ENGINE_MODES[mode], "model": str(model), "quantization": "volta_nvfp4", "dtype": "float16",
                 "max_model_len": 256, "max_num_seqs": 4, "gpu_memory_utilization": 0.3,
@@ -61,49 +61,74 @@ def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tok
         first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         llm.generate([{"prompt_token_ids": prompts[0]}], greedy, use_tqdm=False)  # warm-up
         before = spec_counters(llm) if k else None
-        tokens, decode_seconds = [], 0.0
+        decode_seconds = 0.0
         for prompt in prompts:
             start = time.perf_counter()
-            out = llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+            llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
             middle = time.perf_counter()
             llm.generate([{"prompt_token_ids": prompt}], first, use_tqdm=False)  # prefill + first token alone
             decode_seconds += (middle - start) - (time.perf_counter() - middle)
-            tokens.append(list(out[0].outputs[0].token_ids))
+        # The tokens, with the runner-up's log-probability at each step, from an untimed pass (logprobs cost time)
+        generations = [generate_with(llm, [prompt], new_tokens)[0] for prompt in prompts]
         counts = {}
         if k:
             after = spec_counters(llm)
             counts = {name: after[name] - before[name] for name in SPEC_COUNTERS}
             counts["per_position"] = [a - b for a, b in
                                       zip(after["per_position"], before["per_position"] or [0.0] * k, strict=False)]
-        return {"k": k or 0, "tokens": tokens, "decode_tok_s": len(prompts) * (new_tokens - 1) / decode_seconds,
-                **counts}
+        return {"k": k or 0, "generations": generations,
+                "decode_tok_s": len(prompts) * (new_tokens - 1) / decode_seconds, **counts}
     finally:
         del llm
         gc.collect()
         torch.cuda.empty_cache()
 
 
+NEAR_TIE = 0.05  # as tests/gpu/test_vllm_end_to_end.py
+
+
+def divergences(ours, plain) -> list[tuple[int, float]]:
+    """(prompt, plain's top-two margin at the first differing token) for every prompt whose tokens differ."""
+    return [(index, theirs.margin(step)) for index, (mine, theirs) in enumerate(zip(ours, plain, strict=True))
+            if (step := mine.first_divergence(theirs)) is not None]
+
+
+def lossless(ours, plain) -> bool:
+    return all(margin < NEAR_TIE for _, margin in divergences(ours, plain))
+
+
+def agreement(ours, plain) -> str:
+    """"24/24", or "23/24; prompt 5 at a near-tie (margin 0.012)" (or "NOT a near-tie")."""
+    text = f"{len(ours) - len(divergences(ours, plain))}/{len(ours)}"
+    for index, margin in divergences(ours, plain):
+        text += f"; prompt {index} at {'a near-tie' if margin < NEAR_TIE else 'NOT a near-tie'} (margin {margin:.3f})"
+    return text
+
+
 def table(rows: list[dict], args, gpu: str) -> str:
     import vllm
 
     plain = rows[0]
+    count = len(plain["generations"])
     lines = [f"# MTP acceptance in vLLM: trained tiny Qwen3.5, volta_nvfp4, {args.mode} mode — {gpu}", "",
              f"Date {datetime.date.today()}, commit {args.commit}, vLLM {vllm.__version__}, "
              f"`benchmarks/mtp_acceptance_vllm.py --max-k {args.max_k}` on the checkpoint of "
              f"`python -m devkit.mtp_training --seed {args.seed}` ({args.model.name}).", "",
-             f"{len(plain['tokens'])} held-out prompts, each alone (batch 1), {args.new_tokens} greedy tokens. "
+             f"{count} held-out prompts, each alone (batch 1), {args.new_tokens} greedy tokens. "
              "Acceptance length = 1 + accepted / drafts from vLLM's spec-decode counters (tokens per verification "
-             "round). Lossless: the speculative greedy tokens equal the plain engine's. The model is tiny and "
+             "round). Lossless: the speculative greedy tokens equal the plain engine's, or first differ where the "
+             f"plain engine's top two tokens were within {NEAR_TIE} in log-probability (verification computes K + 1 "
+             "tokens in one forward: fp16 GEMMs of another shape round differently). The model is tiny and "
              "host-bound: its decode speed-up measures vLLM's speculation loop on the host, not a 27B model's gain.",
              "", "| K | drafts | acceptance length | acceptance rate per draft position | prompts identical to plain "
              "| decode tok/s | × plain |", "|---|---|---|---|---|---|---|"]
     for row in rows:
-        same = sum(a == b for a, b in zip(row["tokens"], plain["tokens"], strict=True))
+        same = agreement(row["generations"], plain["generations"])
         if row["k"]:
             drafts = row["num_drafts"]
             length = f"{1 + row['num_accepted_tokens'] / drafts:.2f}" if drafts else "no drafts"
             rates = ", ".join(f"{value / drafts:.2f}" for value in row["per_position"]) if drafts else ""
-            lines.append(f"| {row['k']} | {drafts:.0f} | {length} | {rates} | {same}/{len(plain['tokens'])} | "
+            lines.append(f"| {row['k']} | {drafts:.0f} | {length} | {rates} | {same} | "
                          f"{row['decode_tok_s']:.0f} | {row['decode_tok_s'] / plain['decode_tok_s']:.2f} |")
         else:
             lines.append(f"| plain | | | | | {row['decode_tok_s']:.0f} | 1.00 |")
@@ -134,12 +159,11 @@ def main() -> int:
     rows = []
     for k in [None, *range(1, args.max_k + 1)]:
         rows.append(run(args.model, k, args.mode, prompts, args.new_tokens))
-        print(f"K={k or 0}: {({key: v for key, v in rows[-1].items() if key != 'tokens'})}", flush=True)
+        print(f"K={k or 0}: {({key: v for key, v in rows[-1].items() if key != 'generations'})}", flush=True)
     text = table(rows, args, torch.cuda.get_device_name(0))
     args.out.write_text(text)
     print(text)
-    lossless = all(row["tokens"] == rows[0]["tokens"] for row in rows)
-    return 0 if lossless else 1
+    return 0 if all(lossless(row["generations"], rows[0]["generations"]) for row in rows) else 1
 
 
 if __name__ == "__main__":

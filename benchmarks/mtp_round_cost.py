@@ -12,7 +12,7 @@ time: the sum of kernel times per round from the torch profiler. Implied tok/s a
 
     python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8] [--max-k 7] [--eager]
 
-Not run yet (no GPU was lent when it was written): scripts/gpu/run_mtp_gpu.sh runs it with the lossless tests.
+On the GPU machine: scripts/gpu/run_mtp_gpu.sh (after the lossless tests).
 """
 
 from __future__ import annotations
@@ -135,10 +135,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         shape = dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1)
         make_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda")
-        rows = [measure(tmp, k, args.eager, args.tokens) for k in [None, *range(1, args.max_k + 1)]]
-    text = table(rows, args)
-    args.out.write_text(text)
-    print(text)
+        rows = []
+        for k in [None, *range(1, args.max_k + 1)]:
+            rows.append(measure(tmp, k, args.eager, args.tokens))
+            text = table(rows, args)
+            args.out.write_text(text)  # after every engine: a run stopped at its time limit keeps its rows
+            print(text, flush=True)
     return 0
 
 

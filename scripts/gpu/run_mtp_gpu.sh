@@ -30,12 +30,12 @@ if ! skip lossless; then  # the versions side by side, MTP_WORKERS pytest-xdist 
 fi
 if ! skip acceptance; then  # beside the lossless tests: a few small engines
   step "vLLM's acceptance on the trained checkpoint, vLLM $VERSIONS"
-  for version in $VERSIONS; do
+  for version in $VERSIONS; do  # one version after the other: its decode speed is measured
     PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout "$(seconds_left)" python3 benchmarks/mtp_acceptance_vllm.py \
       --model .mtp-trained --out "$OUT/mtp-acceptance-$version.md" --commit "${COMMIT:-unknown}" \
-      > "$OUT/mtp-acceptance-$version.log" 2>&1 &
-    pids+=($!)
-  done
+      > "$OUT/mtp-acceptance-$version.log" 2>&1 || exit 1
+  done &
+  pids+=($!)
 fi
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 skip lossless || for version in $VERSIONS; do echo "vLLM $version: $(summary "$OUT/mtp-lossless-$version.log")"; done
