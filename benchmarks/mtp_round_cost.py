@@ -10,7 +10,7 @@ spec-decode counters (drafts), and the round time is the decode time divided by 
 time of N extra tokens over the same prompt with one token (as benchmarks/throughput_e2e.py measures decode); GPU
 time: the sum of kernel times per round from the torch profiler. Implied tok/s at acceptance length L: L / round.
 
-    python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8] [--max-k 7] [--eager]
+    python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8] [--ks 1,2,3,4,5,6,7] [--eager]
 
 On the GPU machine: scripts/gpu/run_mtp_gpu.sh (after the lossless tests).
 """
@@ -41,7 +41,10 @@ def _engine(model: str, k: int | None, eager: bool, max_len: int):
     from vllm_volta_fp4.testing.greedy import ENGINE_MODES, supported_engine_args
 
     settings = {**ENGINE_MODES["eager" if eager else "default"], "model": model, "quantization": "volta_nvfp4",
-                "dtype": "float16", "max_model_len": max_len, "max_num_seqs": 1, "gpu_memory_utilization": 0.85,
+                "dtype": "float16", "max_model_len": max_len, "max_num_seqs": 1,
+                # A fixed cache and a small share: an in-process engine does not give all its memory back when
+                # deleted, and the next engine's start checks the free memory against its share.
+                "gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 2**30,
                 "enable_prefix_caching": False, "language_model_only": True, "gdn_prefill_backend": "triton",
                 "attention_backend": "CUSTOM", "seed": 0,
                 "disable_log_stats": False}  # stats on: the spec-decode counters give the rounds
@@ -121,7 +124,9 @@ def main() -> int:
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--gpu", default=os.environ.get("GPU_NAME", "unknown"))
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--max-k", type=int, default=7)
+    parser.add_argument("--ks", default="1,2,3,4,5,6,7",
+                        help="speculative token counts, comma-separated (each engine start takes ~1-2 min in default "
+                             "mode at 27B widths: split K = 1..7 over device calls)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--eager", action="store_true")
     args = parser.parse_args()
@@ -136,7 +141,7 @@ def main() -> int:
         shape = dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1)
         make_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda")
         rows = []
-        for k in [None, *range(1, args.max_k + 1)]:
+        for k in [None, *(int(part) for part in args.ks.split(","))]:
             rows.append(measure(tmp, k, args.eager, args.tokens))
             text = table(rows, args)
             args.out.write_text(text)  # after every engine: a run stopped at its time limit keeps its rows
