@@ -36,6 +36,7 @@ MMA_ATOMS = ("Sm70Mma", "Sm80Mma")
 FORMATS = ("Nvfp4Format", "Fp8Format")
 BLOCK_ROWS = (16, 32, 64)  # the BM values weight_gemm.cu launches
 GEMV_ROWS = tuple(range(1, 9))  # the M values of weight_gemv_kernel (PATH_GEMV, M <= kGemvMaxM)
+ATTENTION_HEAD_SIZES = (64, 128, 256)
 
 
 class ToolchainMissing(RuntimeError):
@@ -65,43 +66,57 @@ def find_toolchain() -> tuple[Path, Path]:
 
 
 def kernel_expressions() -> list[str]:
-    """NVRTC name expressions of every kernel the host code launches, in the order of launched_kernel_names() in
-    csrc/gemm/weight_gemm_plan.h (tests/test_wheel.py checks that the two agree)."""
+    """NVRTC name expressions of every kernel the wheel's host code launches (the kernel image), in the order of
+    launched_kernel_names() in csrc/gemm/weight_gemm_plan.h, then csrc/attention/attention_plan.h
+    (tests/test_wheel.py checks that they agree)."""
     ns = "volta_fp4::"
     names = [f"{ns}weight_gemm_kernel<{ns}{a}, {ns}{f}, {r}>" for a in MMA_ATOMS for f in FORMATS for r in BLOCK_ROWS]
     names += [f"{ns}weight_gemv_kernel<{ns}{a}, {ns}{f}, {r}>" for a in MMA_ATOMS for f in FORMATS for r in GEMV_ROWS]
     names += [f"{ns}dequantize_tiles_kernel<{ns}{f}>" for f in FORMATS]
+    ns_attention = f"{ns}attention::"
+    names += [f"{ns_attention}paged_attention_kernel<{ns}{a}, {d}>" for a in MMA_ATOMS for d in ATTENTION_HEAD_SIZES]
+    names += [f"{ns_attention}combine_splits_kernel<{d}>" for d in ATTENTION_HEAD_SIZES]
+    names += [f"{ns_attention}write_kv_cache_kernel"]
     return names
 
 
-def kernel_source(instantiate_all: bool = True) -> str:
-    """A translation unit that instantiates every kernel the extension launches (or, with instantiate_all=False,
-    only the header: NVRTC name expressions then instantiate the kernels wanted)."""
+# The headers of the kernel image's translation unit (the families the wheel's host code launches).
+IMAGE_HEADERS = (HEADER, "attention/attention.cuh")
+
+
+def image_source() -> str:
+    """The kernel image's translation unit: the families' headers (NVRTC name expressions instantiate the kernels)
+    and each kernel's dynamic shared memory from the headers' own formulas, exported for the reports."""
+    lines = [f'#include "{header}"' for header in IMAGE_HEADERS]
+    lines += [f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});" for rows in BLOCK_ROWS]
+    lines += [f"__device__ int attention_smem_bytes_d{d} = volta_fp4::attention::attention_smem_bytes({d});"
+              for d in ATTENTION_HEAD_SIZES]
+    return "\n".join(lines) + "\n"
+
+
+def kernel_source() -> str:
+    """A translation unit that instantiates every GEMM kernel the extension launches."""
     lines = [f'#include "{HEADER}"', "namespace volta_fp4 {"]
-    if not instantiate_all:
-        lines = lines[:1]
-    for atom in MMA_ATOMS if instantiate_all else ():
+    for atom in MMA_ATOMS:
         for fmt in FORMATS:
             for rows in BLOCK_ROWS:
                 lines.append(f"template __global__ void weight_gemm_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
-    for atom in MMA_ATOMS if instantiate_all else ():
+    for atom in MMA_ATOMS:
         for fmt in FORMATS:
             for rows in GEMV_ROWS:
                 lines.append(f"template __global__ void weight_gemv_kernel<{atom}, {fmt}, {rows}>(const GemmParams);")
-    for fmt in FORMATS if instantiate_all else ():
+    for fmt in FORMATS:
         lines.append(
             f"template __global__ void dequantize_tiles_kernel<{fmt}>"
             "(const uint8_t*, const float*, uint16_t*, int, int, int, int);"
         )
-    if instantiate_all:
-        lines.append("}")
+    lines.append("}")
     # Exported so the report can print each kernel's dynamic shared memory from the header's own formula.
     for rows in BLOCK_ROWS:
         lines.append(f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});")
     return "\n".join(lines) + "\n"
 
 
-ATTENTION_HEAD_SIZES = (64, 128, 256)
 GDN_HEAD_DIMS = (64, 128)
 GDN_STATE_TYPES = ("float", "uint16_t")  # the state cache in float32 or fp16
 GDN_CONV_WIDTHS = (2, 3, 4)
@@ -168,7 +183,7 @@ def gdn_readable(mangled: str) -> str:
 
 def attention_readable(mangled: str) -> str:
     kernel = re.search(r"attention\d+(\w+?_kernel)", mangled).group(1)
-    args = [a for a in ("Sm70Mma",) if a in mangled] + [f"D={n}" for n in re.findall(r"Li(\d+)E", mangled)]
+    args = [a for a in MMA_ATOMS if a in mangled] + [f"D={n}" for n in re.findall(r"Li(\d+)E", mangled)]
     return f"{kernel}<{', '.join(args)}>" if args else kernel
 
 
@@ -294,6 +309,21 @@ def readable(mangled: str) -> str:
     return f"{kind}<{', '.join(x for x in (atom, fmt, f'BM={rows.group(1)}' if rows else '') if x)}>"
 
 
+def readable_any(mangled: str) -> str:
+    """A readable name for a kernel of any family."""
+    if "attention" in mangled:
+        return attention_readable(mangled)
+    if "gdn" in mangled:
+        return gdn_readable(mangled)
+    return readable(mangled)
+
+
+def image_reports(ptxas: Path, ptx70: str, workdir: Path) -> list[KernelReport]:
+    """ptxas -v of the image's compute_70 PTX, each kernel's dynamic shared memory filled in."""
+    reports = ptxas_reports(ptxas, ptx70, workdir)
+    return [dataclasses.replace(r, dynamic_smem=attention_dynamic_smem(r, ptx70)) for r in reports]
+
+
 def check(keep: Path | None = None) -> tuple[list[KernelReport], list[str]]:
     """Compile and check; returns the per-kernel reports and the list of failures (empty when clean)."""
     ptx, reports = compile_family(kernel_source(), keep=keep)
@@ -307,10 +337,10 @@ def check(keep: Path | None = None) -> tuple[list[KernelReport], list[str]]:
 
 
 # ─── The wheel's kernel image (vllm_volta_fp4/kernels/, loaded by csrc/driver/cuda_driver.cpp) ───────────────
-IMAGE_CUBIN = "gemm.sm_70.cubin"  # machine code for compute capability 7.x
-IMAGE_PTX70 = "gemm.compute_70.ptx"  # the cubin's PTX: kept so that the wheel's resources can be re-derived
-IMAGE_PTX80 = "gemm.compute_80.ptx"  # JIT-compiled by the driver on compute capability >= 8.0 (m16n8k16 atom)
-IMAGE_NAMES = "gemm.names.tsv"  # name expression \t lowered name, one kernel a line
+IMAGE_CUBIN = "image.sm_70.cubin"  # machine code for compute capability 7.x
+IMAGE_PTX70 = "image.compute_70.ptx"  # the cubin's PTX: kept so that the wheel's resources can be re-derived
+IMAGE_PTX80 = "image.compute_80.ptx"  # JIT-compiled by the driver on compute capability >= 8.0 (m16n8k16 atom)
+IMAGE_NAMES = "image.names.tsv"  # name expression \t lowered name, one kernel a line
 IMAGE_DIR = "vllm_volta_fp4/kernels"
 
 
@@ -319,11 +349,11 @@ def build_image(out_dir: Path, expressions: list[str] | None = None) -> list[Ker
     sm_70 ptxas report. Raises when a kernel has no sm_70 machine code."""
     libnvrtc, ptxas = find_toolchain()
     expressions = list(expressions or kernel_expressions())
-    source = kernel_source(instantiate_all=False)
+    source = image_source()
     ptx70, lowered = nvrtc_compile(libnvrtc, source, "compute_70", tuple(expressions))
     ptx80, _ = nvrtc_compile(libnvrtc, source, "compute_80", tuple(expressions))
     out_dir.mkdir(parents=True, exist_ok=True)
-    reports = ptxas_reports(ptxas, ptx70, out_dir)
+    reports = image_reports(ptxas, ptx70, out_dir)
     (out_dir / "kernels_sm70.cubin").replace(out_dir / IMAGE_CUBIN)
     (out_dir / "kernels_sm70.ptx").replace(out_dir / IMAGE_PTX70)
     (out_dir / IMAGE_PTX80).write_text(ptx80)
@@ -364,8 +394,8 @@ def check_wheel(wheel: Path) -> tuple[list[KernelReport], list[str]]:
             failures.append("the wheel's kernel table differs from the kernels the host code launches")
         failures += [f"{e}: no sm_70 machine code" for e in cubin_missing(work / IMAGE_CUBIN, table.values())
                      for e in [next(k for k, v in table.items() if v == e)]]
-        reports = ptxas_reports(ptxas, (work / IMAGE_PTX70).read_text(), work)
-    failures += [f"{readable(r.name)}: {p}" for r in reports for p in r.problems]
+        reports = image_reports(ptxas, (work / IMAGE_PTX70).read_text(), work)
+    failures += [f"{readable_any(r.name)}: {p}" for r in reports for p in r.problems]
     shipped = set(table.values())
     failures += [f"{r.name}: in the PTX but not in the kernel table" for r in reports if r.name not in shipped]
     return reports, failures
@@ -390,7 +420,7 @@ def main() -> int:
     print(f"{'kernel (sm_70)':<48} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8}")
     for r in reports:
         smem = r.static_smem + r.dynamic_smem
-        print(f"{readable(r.name):<48} {r.registers:>5} {r.spill_bytes:>8} {r.stack_bytes:>8} {smem:>8}")
+        print(f"{readable_any(r.name):<48} {r.registers:>5} {r.spill_bytes:>8} {r.stack_bytes:>8} {smem:>8}")
     for failure in failures:
         print(f"FAIL: {failure}", file=sys.stderr)
     print("sm_70 check:", "FAILED" if failures else f"clean ({VOLTA_HMMA} present in PTX)")

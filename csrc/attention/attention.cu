@@ -9,13 +9,12 @@
 #include <algorithm>
 
 #include "attention/attention.cuh"
+#include "attention/attention_plan.h"
 #include "common/host_utils.h"
 
 namespace volta_fp4 {
 namespace attention {
 namespace {
-
-constexpr int64_t kMinTilesPerSplit = 4;  // below 256 keys a split costs more in merging than it saves
 
 void check_half_heads(const at::Tensor& t, const char* name, int64_t head_size) {
   TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kHalf && t.dim() == 3, name,
@@ -77,7 +76,7 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
   p.num_kv_heads = int(num_kv_heads);
   p.head_size = int(head_size);
   p.block_size = int(kv_cache.size(2));
-  write_kv_cache_kernel<<<unsigned(num_tokens), 128, 0, at::cuda::getCurrentCUDAStream()>>>(p);
+  write_kv_cache_kernel<<<unsigned(num_tokens), kKvWriteThreads, 0, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -163,19 +162,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   p.window = int(sliding_window);
   p.scale_log2 = float(scale * 1.4426950408889634);
 
-  // tile_base(num_seqs) with query_start_loc[num_seqs] ≤ num_tokens (attention.cuh, "Work split").
-  const int64_t row_tiles = num_tokens * p.group / kBlockRows + num_seqs;
-  const int64_t max_kv_tiles = std::max<int64_t>(1, (max_seq_len + kTileKeys - 1) / kTileKeys);
-  int64_t splits = num_splits;
-  if (splits <= 0) {
-    const int64_t target_blocks = 2 * int64_t(at::cuda::getDeviceProperties(device.index())->multiProcessorCount);
-    const int64_t blocks = row_tiles * num_kv_heads;
-    splits = blocks >= target_blocks ? 1 : std::min((target_blocks + blocks - 1) / blocks,
-                                                    (max_kv_tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
-  }
-  // The count depends on the launch shape and max_seq_len only (host values a CUDA graph keeps); each block
-  // divides its own KV tiles among the splits (attention.cuh, "Work split").
-  p.splits = int(std::max<int64_t>(1, std::min<int64_t>({splits, max_kv_tiles, kMaxSplits})));
+  const int64_t tiles = row_tiles(num_tokens, p.group, num_seqs);
+  p.splits = choose_splits(num_splits, tiles, num_kv_heads, max_seq_len,
+                           at::cuda::getDeviceProperties(device.index())->multiProcessorCount);
   at::Tensor partial_out, partial_lse;
   if (p.splits > 1) {
     partial_out = at::empty({p.splits, num_tokens, num_heads, head_size}, query.options().dtype(at::kFloat));
@@ -184,9 +173,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
     p.partial_lse = partial_lse.data_ptr<float>();
   }
   if (sm70) {
-    launch_for_head_dim<Sm70Mma>(p, head_size, row_tiles, num_kv_heads);
+    launch_for_head_dim<Sm70Mma>(p, head_size, tiles, num_kv_heads);
   } else {
-    launch_for_head_dim<Sm80Mma>(p, head_size, row_tiles, num_kv_heads);
+    launch_for_head_dim<Sm80Mma>(p, head_size, tiles, num_kv_heads);
   }
 }
 

@@ -38,36 +38,12 @@
 //   85 KB, inside Volta's 96 KB per block.
 #pragma once
 
+#include "attention/attention_shape.h"
 #include "common/fp16.cuh"
 #include "common/mma_atoms.cuh"
 
 namespace volta_fp4 {
 namespace attention {
-
-constexpr int kBlockRows = 64;
-constexpr int kTileKeys = 64;
-constexpr int kWarpRows = 16;
-constexpr int kWarps = kBlockRows / kWarpRows;
-constexpr int kThreadsPerBlock = kWarps * 32;
-constexpr int kPanelCols = 128;  // head dims per row panel of Q and K
-constexpr int kMaxSplits = 64;
-
-// Shared-memory plan of paged_attention_kernel<·, HeadDim>, in rows of kSmemRowHalves halves.
-template <int HeadDim>
-struct SmemPlan {
-  static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head_dim must be 64, 128 or 256");
-  static constexpr int kPanels = (HeadDim + kPanelCols - 1) / kPanelCols;
-  static constexpr int kQRows = kPanels * kBlockRows;
-  static constexpr int kKRows = kPanels * kTileKeys;
-  static constexpr int kVtRows = HeadDim < kPanelCols ? HeadDim : kPanelCols;
-  static constexpr int kKvRows = kKRows > kVtRows ? kKRows : kVtRows;
-  static constexpr int kPRows = kBlockRows;
-  static constexpr int kBytes = (kQRows + kKvRows + kPRows) * kSmemRowHalves * 2;
-  static_assert(kBytes <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
-};
-__host__ __device__ constexpr int attention_smem_bytes(int head_dim) {
-  return head_dim == 64 ? SmemPlan<64>::kBytes : head_dim == 128 ? SmemPlan<128>::kBytes : SmemPlan<256>::kBytes;
-}
 
 // Where the two rows of a lane live in an atom's 16 × 16 accumulator: element i belongs to the lane's row slot
 // (i >> 1) & 1 (both atoms: rows r and r+2 on SM70, r and r+8 on SM80), and the lanes that hold the other
@@ -96,26 +72,6 @@ __device__ __forceinline__ float row_reduce_sum(float v) {
 }
 
 __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
-
-struct PagedAttentionParams {
-  const uint16_t* query;  // [num_tokens, num_heads, D]
-  int64_t q_token_stride, q_head_stride;
-  const uint16_t* key_cache;    // &kv_cache[0, 0]
-  const uint16_t* value_cache;  // &kv_cache[0, 1]
-  int64_t cache_block_stride, cache_slot_stride, cache_head_stride;
-  const int* block_table;  // [num_seqs, max_blocks]
-  int64_t block_table_stride;
-  const int* query_start_loc;  // [num_seqs + 1]
-  const int* seq_lens;         // [num_seqs]
-  uint16_t* out;               // [num_tokens, num_heads, D]
-  int64_t out_token_stride, out_head_stride;
-  float* partial_out;  // [splits, num_tokens, num_heads, D] when splits > 1
-  float* partial_lse;  // [splits, num_tokens, num_heads], log2 domain
-  int num_seqs, num_tokens, num_heads, group, block_size;
-  int window;          // sliding window in tokens; 0 = none
-  float scale_log2;    // softmax scale · log2(e)
-  int splits;  // KV splits per row tile (grid z); each block takes ⌈its KV tiles / splits⌉ of them
-};
 
 __device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq) {
   return int(int64_t(p.query_start_loc[seq]) * p.group / kBlockRows) + seq;
@@ -406,18 +362,7 @@ __global__ void __launch_bounds__(HeadDim / 2) combine_splits_kernel(const Paged
 
 // Copies the new tokens' keys and values into their cache slots. Grid (num_tokens), one 16-byte vector of
 // K or V per thread and step; slot −1 means "not stored".
-struct KvCacheWriteParams {
-  const uint16_t* key;
-  const uint16_t* value;
-  int64_t key_token_stride, key_head_stride, value_token_stride, value_head_stride;
-  const int64_t* slot_mapping;
-  uint16_t* key_cache;
-  uint16_t* value_cache;
-  int64_t cache_block_stride, cache_slot_stride, cache_head_stride;
-  int num_kv_heads, head_size, block_size;
-};
-
-__global__ void __launch_bounds__(128) write_kv_cache_kernel(const KvCacheWriteParams p) {
+__global__ void __launch_bounds__(kKvWriteThreads) write_kv_cache_kernel(const KvCacheWriteParams p) {
   const int token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
   if (slot < 0) return;

@@ -107,11 +107,11 @@ std::string read_file(const std::string& path) {
   return bytes.str();
 }
 
-// gemm.names.tsv: "<name expression>\t<lowered (mangled) name>" per kernel, written by the wheel build.
+// image.names.tsv: "<name expression>\t<lowered (mangled) name>" per kernel, written by the wheel build.
 const std::map<std::string, std::string>& lowered_names() {
   static const std::map<std::string, std::string> names = [] {
     std::map<std::string, std::string> table;
-    std::istringstream lines(read_file(image_dir() + "gemm.names.tsv"));
+    std::istringstream lines(read_file(image_dir() + "image.names.tsv"));
     for (std::string line; std::getline(lines, line);) {
       const size_t tab = line.find('\t');
       if (tab != std::string::npos) table[line.substr(0, tab)] = line.substr(tab + 1);
@@ -129,8 +129,8 @@ struct Image {
 Image image_for(int device) {
   const int major = attribute(device, kAttrComputeCapabilityMajor);
   const std::string sm = "sm_" + std::to_string(major) + std::to_string(attribute(device, kAttrComputeCapabilityMinor));
-  if (major == 7) return {"gemm.sm_70.cubin", "sm_70 machine code (shipped) on " + sm};
-  if (major >= 8) return {"gemm.compute_80.ptx", "PTX compute_80, JIT-compiled by the driver for " + sm};
+  if (major == 7) return {"image.sm_70.cubin", "sm_70 machine code (shipped) on " + sm};
+  if (major >= 8) return {"image.compute_80.ptx", "PTX compute_80, JIT-compiled by the driver for " + sm};
   throw std::runtime_error("compute capability " + sm + " is older than Volta: no kernels for it");
 }
 

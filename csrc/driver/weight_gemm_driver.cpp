@@ -2,101 +2,18 @@
 // as csrc/gemm/weight_gemm.cu, written against torch's stable C++ ABI (torch/csrc/stable, targeting torch 2.10,
 // so one binary serves torch 2.10 and later) and launching the kernel image through the CUDA driver API
 // (cuda_driver.h) on torch's current stream. Built by a plain C++ compiler.
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
-#include <torch/csrc/stable/accelerator.h>
-#include <torch/csrc/stable/library.h>
-#include <torch/csrc/stable/ops.h>
-#include <torch/csrc/stable/tensor.h>
-#include <torch/headeronly/core/ScalarType.h>
-
-#include <dlfcn.h>
-
-#include <array>
-#include <map>
-#include <mutex>
 #include <optional>
-#include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "driver/cuda_driver.h"
+#include "driver/stable_torch.h"
 #include "gemm/weight_gemm_plan.h"
 
 namespace volta_fp4 {
 namespace {
 
-using torch::stable::Tensor;
-using torch::headeronly::ScalarType;
-using Sizes = std::vector<int64_t>;
-
-// ─── torch through the stable ABI ─────────────────────────────────────────────────────────────────────────────
-// An ATen op by name through the dispatcher; every schema argument is passed (defaults too), the first result
-// returned.
-template <class... Args>
-Tensor aten(const char* op, const char* overload, const Args&... args) {
-  std::array<StableIValue, sizeof...(Args)> stack{torch::stable::detail::from(args)...};
-  STD_TORCH_CHECK(torch_call_dispatcher(op, overload, stack.data(), TORCH_ABI_VERSION) == AOTI_TORCH_SUCCESS,
-                  "the dispatcher call ", op, ".", overload, " failed");
-  return torch::stable::detail::to<Tensor>(stack[0]);
-}
-
-Tensor reshaped(const Tensor& t, const Sizes& sizes) { return torch::stable::reshape(t, sizes); }
-Tensor permute(const Tensor& t, const Sizes& dims) { return aten("aten::permute", "", t, dims); }
-Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step = 1) {
-  return aten("aten::slice", "Tensor", t, dim, std::optional<int64_t>(start), std::optional<int64_t>(end), step);
-}
-Tensor expand(const Tensor& t, const Sizes& sizes) { return aten("aten::expand", "", t, sizes, false); }
-// Element-wise ops with a scalar take it as a 0-dim tensor on the same device (no Scalar through the ABI).
-Tensor scalar_like(const Tensor& t, double value, ScalarType dtype) {
-  return torch::stable::full({}, value, dtype, std::nullopt, t.device());
-}
-Tensor binary(const char* op, const Tensor& a, const Tensor& b) { return aten(op, "Tensor", a, b); }
-Tensor binary(const char* op, const Tensor& a, int64_t b) { return binary(op, a, scalar_like(a, double(b), a.scalar_type())); }
-Tensor padded(const Tensor& t, const Sizes& amounts) { return torch::stable::pad(t, amounts); }
-
-std::string str(int64_t v) { return std::to_string(v); }
-std::string shape(const Tensor& t) {
-  std::string out = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + str(t.size(d));
-  return out + "]";
-}
-
-void* current_stream(int32_t device) {
-  // In libtorch_cuda (absent from CPU builds of torch, so looked up at run time).
-  using Getter = AOTITorchError (*)(int32_t, void**);
-  static const Getter getter = [] {
-    void* symbol = dlsym(RTLD_DEFAULT, "aoti_torch_get_current_cuda_stream");
-    if (!symbol) {
-      if (void* lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD)) symbol = dlsym(lib, "aoti_torch_get_current_cuda_stream");
-    }
-    return reinterpret_cast<Getter>(symbol);
-  }();
-  STD_TORCH_CHECK(getter, "this torch has no CUDA (aoti_torch_get_current_cuda_stream not found)");
-  void* stream = nullptr;
-  STD_TORCH_CHECK(getter(device, &stream) == AOTI_TORCH_SUCCESS, "cannot get the current CUDA stream");
-  return stream;
-}
-
-// A kernel of the image on a device, with its resident blocks per SM (looked up once per device and kernel).
-struct LoadedKernel {
-  driver::Kernel kernel;
-  int blocks_per_sm;
-};
-const LoadedKernel& loaded_kernel(int device, const std::string& name, int dynamic_smem) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, std::string>, LoadedKernel> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(device, name);
-  auto found = cache.find(key);
-  if (found == cache.end()) {
-    driver::Kernel kernel(device, name);
-    if (dynamic_smem) kernel.allow_dynamic_smem(dynamic_smem);
-    const int blocks = std::max(kernel.max_blocks_per_sm(kThreads, dynamic_smem), 1);
-    found = cache.emplace(key, LoadedKernel{kernel, blocks}).first;
-  }
-  return found->second;
-}
+using namespace driver::stable_torch;
 
 // ─── prepare_* (the same re-layouts as weight_gemm.cu, through the dispatcher) ─────────────────────────────────
 void check_weight_inputs(const Tensor& t, const char* name, ScalarType dtype, int64_t dim) {
@@ -171,20 +88,9 @@ std::tuple<Tensor, Tensor, Tensor> prepare_fp8(Tensor weight, Tensor scale) {
 }
 
 // ─── the GEMM ops ─────────────────────────────────────────────────────────────────────────────────────────────
-bool use_sm70_atom(int64_t mma, int device) {
-  if (mma == 70) return true;
-  const int major = driver::compute_capability_major(device);
-  if (mma == 80) {
-    STD_TORCH_CHECK(major >= 8, "the SM80 MMA atom (m16n8k16) needs compute capability >= 8.0");
-    return false;
-  }
-  STD_TORCH_CHECK(mma == 0, "mma must be 0 (by compute capability), 70 or 80, got ", str(mma));
-  return major < 8;
-}
-
 void launch_fused(GemmParams p, int64_t n_tiles, bool sm70, bool nvfp4, const Tensor& x) {
   const int device = x.get_device_index(), bm = fused_block_rows(p.M), smem = fused_smem_bytes(bm);
-  const LoadedKernel& k = loaded_kernel(device, fused_kernel_name(sm70, nvfp4, bm), smem);
+  const LoadedKernel& k = loaded_kernel(device, fused_kernel_name(sm70, nvfp4, bm), kThreads, smem);
   const Grid3 g = plan_fused(p, n_tiles, int64_t(driver::multiprocessor_count(device)) * k.blocks_per_sm);
   Tensor partials;
   if (p.splits > 1) {
@@ -199,7 +105,7 @@ void launch_gemv(GemmParams p, int64_t n_tiles, bool sm70, bool nvfp4, const Ten
   STD_TORCH_CHECK(p.M >= 1 && p.M <= kGemvMaxM, "the GEMV path (path=3) takes M <= ", str(kGemvMaxM), " rows, got ",
                   str(p.M));
   const int device = x.get_device_index();
-  const LoadedKernel& k = loaded_kernel(device, gemv_kernel_name(sm70, nvfp4, p.M), 0);
+  const LoadedKernel& k = loaded_kernel(device, gemv_kernel_name(sm70, nvfp4, p.M), kThreads, 0);
   const int64_t blocks = plan_gemv(p, n_tiles, int64_t(driver::multiprocessor_count(device)) * k.blocks_per_sm);
   Tensor partials;
   if (gemv_needs_partials(p)) {  // some strips are split between blocks
@@ -215,7 +121,7 @@ void launch_gemv(GemmParams p, int64_t n_tiles, bool sm70, bool nvfp4, const Ten
 void dequantize_then_cublas(GemmParams p, int64_t n_tiles, bool nvfp4, const Tensor& x, Tensor& y,
                             const std::optional<Tensor>& bias) {
   const int device = x.get_device_index();
-  const LoadedKernel& k = loaded_kernel(device, dequantize_kernel_name(nvfp4), 0);
+  const LoadedKernel& k = loaded_kernel(device, dequantize_kernel_name(nvfp4), kThreads, 0);
   const int64_t rows_per_chunk = dequant_rows_per_chunk(p.K);
   const Tensor w = torch::stable::new_empty(x, {std::min<int64_t>(rows_per_chunk, n_tiles * kTileN), p.K});
   for (int64_t row = 0; row < p.N; row += rows_per_chunk) {

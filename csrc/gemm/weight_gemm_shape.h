@@ -3,14 +3,9 @@
 // compiler (the driver-API host code in csrc/driver/).
 #pragma once
 
+#include "common/host_device.h"
 #include "common/int_types.cuh"
 #include "common/smem_rows.h"
-
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define VOLTA_FP4_HOST_DEVICE __host__ __device__
-#else
-#define VOLTA_FP4_HOST_DEVICE
-#endif
 
 namespace volta_fp4 {
 

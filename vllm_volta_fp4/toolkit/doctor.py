@@ -178,8 +178,8 @@ def _probe_extension(env: Environment) -> None:
     if spec is None or spec.origin is None:
         return
     env.extension_path = spec.origin
-    # The wheel's driver-API build ships its kernel image beside the extension (kernels/gemm.sm_70.cubin, …).
-    image = {f.name.split(".")[1] for f in (Path(spec.origin).parent / "kernels").glob("gemm.*.*")
+    # The wheel's driver-API build ships its kernel image beside the extension (kernels/image.sm_70.cubin, …).
+    image = {f.name.split(".")[1] for f in (Path(spec.origin).parent / "kernels").glob("image.*.*")
              if f.suffix in (".cubin", ".ptx") and f.name.split(".")[1] != "compute_70"}
     env.extension_code = cuda_code_in(spec.origin) | image
     try:

@@ -1,0 +1,72 @@
+// What the attention kernels (attention.cuh) and their host code share: the block and tile sizes, the shared
+// memory plan and the launch-parameter structs. Torch- and CUDA-free, so that it compiles under nvcc, NVRTC and a
+// plain C++ compiler (the driver-API host code in csrc/driver/).
+#pragma once
+
+#include "common/host_device.h"
+#include "common/int_types.cuh"
+#include "common/smem_rows.h"
+
+namespace volta_fp4 {
+namespace attention {
+
+constexpr int kBlockRows = 64;
+constexpr int kTileKeys = 64;
+constexpr int kWarpRows = 16;
+constexpr int kWarps = kBlockRows / kWarpRows;
+constexpr int kThreadsPerBlock = kWarps * 32;
+constexpr int kPanelCols = 128;  // head dims per row panel of Q and K
+constexpr int kMaxSplits = 64;
+
+// Shared-memory plan of paged_attention_kernel<·, HeadDim>, in rows of kSmemRowHalves halves.
+template <int HeadDim>
+struct SmemPlan {
+  static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head_dim must be 64, 128 or 256");
+  static constexpr int kPanels = (HeadDim + kPanelCols - 1) / kPanelCols;
+  static constexpr int kQRows = kPanels * kBlockRows;
+  static constexpr int kKRows = kPanels * kTileKeys;
+  static constexpr int kVtRows = HeadDim < kPanelCols ? HeadDim : kPanelCols;
+  static constexpr int kKvRows = kKRows > kVtRows ? kKRows : kVtRows;
+  static constexpr int kPRows = kBlockRows;
+  static constexpr int kBytes = (kQRows + kKvRows + kPRows) * kSmemRowHalves * 2;
+  static_assert(kBytes <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
+};
+VOLTA_FP4_HOST_DEVICE constexpr int attention_smem_bytes(int head_dim) {
+  return head_dim == 64 ? SmemPlan<64>::kBytes : head_dim == 128 ? SmemPlan<128>::kBytes : SmemPlan<256>::kBytes;
+}
+
+constexpr int kKvWriteThreads = 128;  // write_kv_cache_kernel: one block per token
+
+struct PagedAttentionParams {
+  const uint16_t* query;  // [num_tokens, num_heads, D]
+  int64_t q_token_stride, q_head_stride;
+  const uint16_t* key_cache;    // &kv_cache[0, 0]
+  const uint16_t* value_cache;  // &kv_cache[0, 1]
+  int64_t cache_block_stride, cache_slot_stride, cache_head_stride;
+  const int* block_table;  // [num_seqs, max_blocks]
+  int64_t block_table_stride;
+  const int* query_start_loc;  // [num_seqs + 1]
+  const int* seq_lens;         // [num_seqs]
+  uint16_t* out;               // [num_tokens, num_heads, D]
+  int64_t out_token_stride, out_head_stride;
+  float* partial_out;  // [splits, num_tokens, num_heads, D] when splits > 1
+  float* partial_lse;  // [splits, num_tokens, num_heads], log2 domain
+  int num_seqs, num_tokens, num_heads, group, block_size;
+  int window;          // sliding window in tokens; 0 = none
+  float scale_log2;    // softmax scale · log2(e)
+  int splits;  // KV splits per row tile (grid z); each block takes ⌈its KV tiles / splits⌉ of them
+};
+
+struct KvCacheWriteParams {
+  const uint16_t* key;
+  const uint16_t* value;
+  int64_t key_token_stride, key_head_stride, value_token_stride, value_head_stride;
+  const int64_t* slot_mapping;
+  uint16_t* key_cache;
+  uint16_t* value_cache;
+  int64_t cache_block_stride, cache_slot_stride, cache_head_stride;
+  int num_kv_heads, head_size, block_size;
+};
+
+}  // namespace attention
+}  // namespace volta_fp4
