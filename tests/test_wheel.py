@@ -23,12 +23,17 @@ def _toolchain_or_skip() -> None:
         pytest.skip(str(error))
 
 
+# Each family's host decisions and the namespace of its launched_kernel_names(), in kernel_expressions()'s order.
+PLAN_HEADERS = {"gemm/weight_gemm_plan.h": "volta_fp4", "attention/attention_plan.h": "volta_fp4::attention"}
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
 def test_host_code_launches_the_kernel_table(tmp_path):
     program = tmp_path / "names.cpp"
-    program.write_text('#include <cstdio>\n#include "attention/attention_plan.h"\n#include "gemm/weight_gemm_plan.h"\n'
-                       "int main() {\n  for (const auto& n : volta_fp4::launched_kernel_names()) std::puts(n.c_str());\n"
-                       "  for (const auto& n : volta_fp4::attention::launched_kernel_names()) std::puts(n.c_str());\n}\n")
+    lines = ["#include <cstdio>", *(f'#include "{header}"' for header in PLAN_HEADERS), "int main() {"]
+    lines += [f"  for (const auto& n : {namespace}::launched_kernel_names()) std::puts(n.c_str());"
+              for namespace in PLAN_HEADERS.values()]
+    program.write_text("\n".join([*lines, "}"]) + "\n")
     subprocess.run(["g++", "-std=c++17", f"-I{REPO / 'csrc'}", str(program), "-o", str(tmp_path / "names")],
                    check=True)
     launched = subprocess.run([str(tmp_path / "names")], check=True, capture_output=True, text=True).stdout.split("\n")
