@@ -4,6 +4,7 @@ machine code (a subset here, to keep CI fast; ``tools/sm70_check.py --wheel`` ch
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,8 @@ def _toolchain_or_skip() -> None:
 
 
 # Each family's host decisions and the namespace of its launched_kernel_names(), in kernel_expressions()'s order.
-PLAN_HEADERS = {"gemm/weight_gemm_plan.h": "volta_fp4", "attention/attention_plan.h": "volta_fp4::attention"}
+PLAN_HEADERS = {"gemm/weight_gemm_plan.h": "volta_fp4", "attention/attention_plan.h": "volta_fp4::attention",
+                "gdn/gdn_plan.h": "volta_fp4::gdn"}
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
@@ -55,3 +57,22 @@ def test_image_build_gives_each_kernel_sm70_machine_code(tmp_path):
     assert ".target sm_80" in ptx80 and all(f".entry {name}(" in ptx80 for name in table.values())
     # A kernel that is not in the cubin is reported missing (the check can fail).
     assert sm70_check.cubin_missing(tmp_path / sm70_check.IMAGE_CUBIN, ["_Z6absentv"]) == ["_Z6absentv"]
+
+
+def _op_schemas(paths) -> dict[str, str]:
+    """{op name: schema} of every ``m.def("…" "…")`` in the given sources (adjacent literals joined)."""
+    schemas = {}
+    for path in paths:
+        for match in re.finditer(r'm\.def\(((?:\s*"[^"]*")+)', path.read_text()):
+            schema = "".join(re.findall(r'"([^"]*)"', match.group(1)))
+            schemas[schema.split("(", 1)[0]] = schema
+    return schemas
+
+
+def test_the_wheel_defines_every_op_of_the_nvcc_build():
+    """The compiler-free host code (csrc/driver/) registers the same ops with the same schemas as the nvcc build, so
+    Python sees one library whichever build is installed."""
+    nvcc = _op_schemas(sorted((REPO / "csrc").glob("*/*.cu")))
+    driver = _op_schemas(sorted((REPO / "csrc" / "driver").glob("*.cpp")))
+    assert len(nvcc) == 13
+    assert driver == nvcc

@@ -37,6 +37,9 @@ FORMATS = ("Nvfp4Format", "Fp8Format")
 BLOCK_ROWS = (16, 32, 64)  # the BM values weight_gemm.cu launches
 GEMV_ROWS = tuple(range(1, 9))  # the M values of weight_gemv_kernel (PATH_GEMV, M <= kGemvMaxM)
 ATTENTION_HEAD_SIZES = (64, 128, 256)
+GDN_HEAD_DIMS = (64, 128)
+GDN_STATE_TYPES = ("float", "uint16_t")  # the state cache in float32 or fp16
+GDN_CONV_WIDTHS = (2, 3, 4)
 
 
 class ToolchainMissing(RuntimeError):
@@ -67,8 +70,8 @@ def find_toolchain() -> tuple[Path, Path]:
 
 def kernel_expressions() -> list[str]:
     """NVRTC name expressions of every kernel the wheel's host code launches (the kernel image), in the order of
-    launched_kernel_names() in csrc/gemm/weight_gemm_plan.h, then csrc/attention/attention_plan.h
-    (tests/test_wheel.py checks that they agree)."""
+    launched_kernel_names() in csrc/gemm/weight_gemm_plan.h, csrc/attention/attention_plan.h, then
+    csrc/gdn/gdn_plan.h (tests/test_wheel.py checks that they agree)."""
     ns = "volta_fp4::"
     names = [f"{ns}weight_gemm_kernel<{ns}{a}, {ns}{f}, {r}>" for a in MMA_ATOMS for f in FORMATS for r in BLOCK_ROWS]
     names += [f"{ns}weight_gemv_kernel<{ns}{a}, {ns}{f}, {r}>" for a in MMA_ATOMS for f in FORMATS for r in GEMV_ROWS]
@@ -77,11 +80,19 @@ def kernel_expressions() -> list[str]:
     names += [f"{ns_attention}paged_attention_kernel<{ns}{a}, {d}>" for a in MMA_ATOMS for d in ATTENTION_HEAD_SIZES]
     names += [f"{ns_attention}combine_splits_kernel<{d}>" for d in ATTENTION_HEAD_SIZES]
     names += [f"{ns_attention}write_kv_cache_kernel"]
+    ns_gdn = f"{ns}gdn::"
+    names += [f"{ns_gdn}row_norm_kernel<{d}, {gated}>" for d in GDN_HEAD_DIMS for gated in ("false", "true")]
+    names += [f"{ns_gdn}causal_conv1d_kernel<{width}>" for width in GDN_CONV_WIDTHS]
+    for atom in MMA_ATOMS:
+        for d in GDN_HEAD_DIMS:
+            names.append(f"{ns_gdn}chunk_prepare_kernel<{ns}{atom}, {d}>")
+            names += [f"{ns_gdn}chunk_state_kernel<{ns}{atom}, {d}, {state}>" for state in GDN_STATE_TYPES]
+    names += [f"{ns_gdn}recurrent_decode_kernel<{d}, {state}>" for d in GDN_HEAD_DIMS for state in GDN_STATE_TYPES]
     return names
 
 
 # The headers of the kernel image's translation unit (the families the wheel's host code launches).
-IMAGE_HEADERS = (HEADER, "attention/attention.cuh")
+IMAGE_HEADERS = (HEADER, "attention/attention.cuh", "gdn/gdn.cuh")
 
 
 def image_source() -> str:
@@ -91,6 +102,8 @@ def image_source() -> str:
     lines += [f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});" for rows in BLOCK_ROWS]
     lines += [f"__device__ int attention_smem_bytes_d{d} = volta_fp4::attention::attention_smem_bytes({d});"
               for d in ATTENTION_HEAD_SIZES]
+    lines += [f"__device__ int {kind.lower()}_smem_d{d} = volta_fp4::gdn::{kind}Smem<{d}>::kBytes;"
+              for d in GDN_HEAD_DIMS for kind in ("Prepare", "State")]
     return "\n".join(lines) + "\n"
 
 
@@ -117,9 +130,6 @@ def kernel_source() -> str:
     return "\n".join(lines) + "\n"
 
 
-GDN_HEAD_DIMS = (64, 128)
-GDN_STATE_TYPES = ("float", "uint16_t")  # the state cache in float32 or fp16
-GDN_CONV_WIDTHS = (2, 3, 4)
 
 
 def attention_kernel_source() -> str:
@@ -166,14 +176,14 @@ def gdn_dynamic_smem(report: KernelReport, ptx: str) -> int:
     smem = {f"{kind}{d}": int(v) for kind, d, v in re.findall(r"(prepare|state)_smem_d(\d+)\s*=\s*(\d+)", ptx)}
     for kind in ("prepare", "state"):
         if f"chunk_{kind}_kernel" in report.name:
-            head_dim = re.search(r"Sm70MmaELi(\d+)E", report.name).group(1)
+            head_dim = re.search(r"Sm[78]0MmaELi(\d+)E", report.name).group(1)
             return smem[f"{kind}{head_dim}"]
     return report.dynamic_smem
 
 
 def gdn_readable(mangled: str) -> str:
     kernel = re.search(r"gdn\d+(\w+?_kernel)", mangled).group(1)
-    args = [a for a in ("Sm70Mma",) if a in mangled] + [f"{n}" for n in re.findall(r"Li(\d+)E", mangled)]
+    args = [a for a in MMA_ATOMS if a in mangled] + [f"{n}" for n in re.findall(r"Li(\d+)E", mangled)]
     if kernel.startswith(("chunk_state", "recurrent")):
         args.append("fp32 state" if re.search(r"EfEEv", mangled) else "fp16 state")
     if kernel == "row_norm_kernel":
@@ -321,7 +331,8 @@ def readable_any(mangled: str) -> str:
 def image_reports(ptxas: Path, ptx70: str, workdir: Path) -> list[KernelReport]:
     """ptxas -v of the image's compute_70 PTX, each kernel's dynamic shared memory filled in."""
     reports = ptxas_reports(ptxas, ptx70, workdir)
-    return [dataclasses.replace(r, dynamic_smem=attention_dynamic_smem(r, ptx70)) for r in reports]
+    return [dataclasses.replace(r, dynamic_smem=gdn_dynamic_smem(r, ptx70) if "gdn" in r.name else
+                                attention_dynamic_smem(r, ptx70)) for r in reports]
 
 
 def check(keep: Path | None = None) -> tuple[list[KernelReport], list[str]]:

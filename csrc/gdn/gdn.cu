@@ -8,6 +8,7 @@
 
 #include "common/host_utils.h"
 #include "gdn/gdn.cuh"
+#include "gdn/gdn_plan.h"
 
 namespace volta_fp4 {
 namespace gdn {
@@ -103,7 +104,7 @@ void set_qkv(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 template <int D, bool Gated>
 void launch_row_norm(const RowNormParams& p) {
-  row_norm_kernel<D, Gated><<<unsigned((p.rows + kWarps - 1) / kWarps), kBlockThreads, 0,
+  row_norm_kernel<D, Gated><<<unsigned(row_norm_blocks(p.rows)), kBlockThreads, 0,
                               at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -150,7 +151,7 @@ void gated_rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& z, c
 }
 
 void launch_conv(const ConvParams& p, int width, int64_t block_rows) {
-  const dim3 grid(unsigned((p.dim + kBlockThreads - 1) / kBlockThreads), unsigned(block_rows));
+  const dim3 grid(unsigned(channel_blocks(p.dim)), unsigned(block_rows));
   auto stream = at::cuda::getCurrentCUDAStream();
   switch (width) {
     case 2: causal_conv1d_kernel<2><<<grid, kBlockThreads, 0, stream>>>(p); break;
@@ -216,8 +217,7 @@ void causal_conv1d_prefill(at::Tensor& out, const at::Tensor& x, const at::Tenso
   p.has_initial_state = optional_flags(has_initial_state, x.device(), num_seqs);
   if (num_seqs == 0 || x.size(0) == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
-  // unit_base(num_seqs) with query_start_loc[num_seqs] ≤ tokens bounds the segments (gdn.cuh, find_sequence).
-  launch_conv(p, int(weight.size(1)), x.size(0) / kConvSegment + num_seqs);
+  launch_conv(p, int(weight.size(1)), conv_segments(x.size(0), num_seqs));
 }
 
 // One token per sequence (vLLM's causal_conv1d_update without speculative tokens): x [batch, dim].
@@ -231,7 +231,7 @@ void causal_conv1d_decode(at::Tensor& out, const at::Tensor& x, const at::Tensor
 }
 
 template <class Mma, int D, class StateT>
-void launch_chunked(const ChunkParams& p, int64_t chunk_slots) {
+void launch_chunked(const ChunkParams& p, int64_t slots) {
   auto stream = at::cuda::getCurrentCUDAStream();
   auto prepare = chunk_prepare_kernel<Mma, D>;
   auto state_pass = chunk_state_kernel<Mma, D, StateT>;
@@ -241,7 +241,7 @@ void launch_chunked(const ChunkParams& p, int64_t chunk_slots) {
     return true;
   }();
   (void)configured;
-  prepare<<<dim3(unsigned(chunk_slots), unsigned(p.num_v_heads)), kBlockThreads, PrepareSmem<D>::kBytes, stream>>>(p);
+  prepare<<<dim3(unsigned(slots), unsigned(p.num_v_heads)), kBlockThreads, PrepareSmem<D>::kBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   state_pass<<<dim3(unsigned(D / kVSlice), unsigned(p.num_v_heads), unsigned(p.num_seqs)), kBlockThreads,
                StateSmem<D>::kBytes, stream>>>(p);
@@ -249,15 +249,15 @@ void launch_chunked(const ChunkParams& p, int64_t chunk_slots) {
 }
 
 template <class Mma, class StateT>
-void launch_chunked_for_dim(const ChunkParams& p, int64_t d, int64_t chunk_slots) {
-  if (d == 64) return launch_chunked<Mma, 64, StateT>(p, chunk_slots);
-  return launch_chunked<Mma, 128, StateT>(p, chunk_slots);
+void launch_chunked_for_dim(const ChunkParams& p, int64_t d, int64_t slots) {
+  if (d == 64) return launch_chunked<Mma, 64, StateT>(p, slots);
+  return launch_chunked<Mma, 128, StateT>(p, slots);
 }
 
 template <class Mma>
-void launch_chunked_for_state(const ChunkParams& p, at::ScalarType state_type, int64_t d, int64_t chunk_slots) {
-  if (state_type == at::kFloat) return launch_chunked_for_dim<Mma, float>(p, d, chunk_slots);
-  return launch_chunked_for_dim<Mma, uint16_t>(p, d, chunk_slots);
+void launch_chunked_for_state(const ChunkParams& p, at::ScalarType state_type, int64_t d, int64_t slots) {
+  if (state_type == at::kFloat) return launch_chunked_for_dim<Mma, float>(p, d, slots);
+  return launch_chunked_for_dim<Mma, uint16_t>(p, d, slots);
 }
 
 // The gated delta rule over a varlen prefill batch (gdn.cuh, "Chunked prefill"): out [tokens, HV, D]; the final
@@ -289,13 +289,12 @@ void chunked_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, 
       l2norm(dst_rows, src->reshape({tokens * k_heads, d}), 1e-6);
     }
   }
-  // Chunk slots: unit_base(num_seqs) with cu_seqlens[num_seqs] ≤ tokens (gdn.cuh, find_sequence).
-  const int64_t chunk_slots = tokens / kChunk + num_seqs;
+  const int64_t slots = chunk_slots(tokens, num_seqs);
   const auto half = q.options().dtype(at::kHalf);
-  at::Tensor w = at::empty({chunk_slots, v_heads, kChunk, d}, half);
-  at::Tensor u = at::empty({chunk_slots, v_heads, kChunk, d}, half);
-  at::Tensor p_scores = at::empty({chunk_slots, v_heads, kChunk, kChunk}, half);
-  at::Tensor g_cumsum = at::empty({chunk_slots, v_heads, kChunk}, q.options().dtype(at::kFloat));
+  at::Tensor w = at::empty({slots, v_heads, kChunk, d}, half);
+  at::Tensor u = at::empty({slots, v_heads, kChunk, d}, half);
+  at::Tensor p_scores = at::empty({slots, v_heads, kChunk, kChunk}, half);
+  at::Tensor g_cumsum = at::empty({slots, v_heads, kChunk}, q.options().dtype(at::kFloat));
 
   ChunkParams p{};
   set_qkv(p, q_used, k_used, v);
@@ -320,9 +319,9 @@ void chunked_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, 
   p.null_slot = int(null_slot);
   p.scale = float(scale);
   if (sm70) {
-    launch_chunked_for_state<Sm70Mma>(p, state.scalar_type(), d, chunk_slots);
+    launch_chunked_for_state<Sm70Mma>(p, state.scalar_type(), d, slots);
   } else {
-    launch_chunked_for_state<Sm80Mma>(p, state.scalar_type(), d, chunk_slots);
+    launch_chunked_for_state<Sm80Mma>(p, state.scalar_type(), d, slots);
   }
 }
 

@@ -43,16 +43,11 @@
 
 #include "common/fp16.cuh"
 #include "common/mma_atoms.cuh"
+#include "gdn/gdn_shape.h"
 
 namespace volta_fp4 {
 namespace gdn {
 
-constexpr int kChunk = 64;
-constexpr int kBlockThreads = 128;
-constexpr int kWarps = kBlockThreads / 32;
-constexpr int kVSlice = 32;  // state rows (v) per block of chunk_state_kernel and recurrent_decode_kernel
-constexpr int kTokenRowHalves = kChunk + 8;
-constexpr int kConvSegment = 64;  // tokens per block of causal_conv1d_kernel
 constexpr float kSoftplusThreshold = 20.f;
 
 __device__ __forceinline__ float half_to_float(uint16_t h) { return half2_to_float2(uint32_t(h)).x; }
@@ -182,47 +177,7 @@ __device__ __forceinline__ void load_rows_transposed(uint16_t* dst, const uint16
 }
 
 // ─── Chunked prefill ──────────────────────────────────────────────────────────────────────────────────────
-
-struct ChunkParams {
-  const uint16_t* q;  // [tokens, H, D]
-  int64_t q_token_stride, q_head_stride;
-  const uint16_t* k;
-  int64_t k_token_stride, k_head_stride;
-  const uint16_t* v;  // [tokens, HV, D]
-  int64_t v_token_stride, v_head_stride;
-  const float* g;     // [tokens, HV] log-decay
-  const float* beta;  // [tokens, HV]
-  const int* cu_seqlens;  // [num_seqs + 1]
-  const int* state_indices;
-  const bool* has_initial_state;  // [num_seqs] or null (all)
-  void* state;                    // [slots, HV, D, D] float or fp16
-  int64_t state_slot_stride, state_head_stride;
-  uint16_t* out;  // [tokens, HV, D]
-  int64_t out_token_stride, out_head_stride;
-  // Workspace per (chunk slot, v-head), index chunk_slot · HV + hv.
-  uint16_t* w;       // [64][D]  T diag(β e^G) K
-  uint16_t* u;       // [64][D]  T diag(β) V
-  uint16_t* p;       // [64][64] causal decayed scale · Q Kᵀ
-  float* g_cumsum;   // [64]     G
-  int num_seqs, num_v_heads, heads_per_k_head, null_slot;
-  float scale;
-};
-
-template <int D>
-struct PrepareSmem {
-  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static constexpr int kRowHalves = D + 8;
-  // Panel 0: K rows [64][D + 8], later (β e^G K)ᵀ [D][72]; panel 1: Q rows, later (β V)ᵀ.
-  static constexpr int kPanelHalves =
-      kChunk * kRowHalves > D * kTokenRowHalves ? kChunk * kRowHalves : D * kTokenRowHalves;
-  static constexpr int kARowFloats = kChunk + 8;  // fp32 A rows: 16-byte aligned, two wavefronts per float2 store
-  static constexpr int kTOffset = 2 * kPanelHalves;                  // T [64][72] fp16 (halves)
-  static constexpr int kABytesOffset = (kTOffset + kChunk * kTokenRowHalves) * 2;
-  static constexpr int kVectorsBytesOffset = kABytesOffset + kChunk * kARowFloats * 4;  // G, β, β e^G: 64 floats each
-  static constexpr int kBytes = kVectorsBytesOffset + 3 * kChunk * 4;
-  static_assert(kABytesOffset % 16 == 0, "fp32 A rows are read as float4");
-  static_assert(kBytes <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
-};
+// ChunkParams, PrepareSmem and StateSmem: gdn_shape.h.
 
 template <class Mma, int D>
 __global__ void __launch_bounds__(kBlockThreads) chunk_prepare_kernel(const ChunkParams p) {
@@ -344,21 +299,6 @@ __global__ void __launch_bounds__(kBlockThreads) chunk_prepare_kernel(const Chun
     }
   }
 }
-
-template <int D>
-struct StateSmem {
-  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static constexpr int kRowHalves = D + 8;
-  static constexpr int kWqOffset = 0;                                // W rows 0-63, Q rows 64-127 [128][D + 8]
-  static constexpr int kS0Offset = kWqOffset + 2 * kChunk * kRowHalves;  // S0 (fp16) [kVSlice][D + 8]
-  static constexpr int kKtOffset = kS0Offset + kVSlice * kRowHalves;     // Kᵀ [D][72]
-  static constexpr int kPOffset = kKtOffset + D * kTokenRowHalves;       // P [64][72]
-  static constexpr int kUtOffset = kPOffset + kChunk * kTokenRowHalves;  // Uᵀ [kVSlice][72]
-  static constexpr int kUtDecayedOffset = kUtOffset + kVSlice * kTokenRowHalves;  // (diag(e^{G_63 − G}) U)ᵀ
-  static constexpr int kGBytesOffset = (kUtDecayedOffset + kVSlice * kTokenRowHalves) * 2;
-  static constexpr int kBytes = kGBytesOffset + kChunk * 4;
-  static_assert(kBytes <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
-};
 
 // One block per SM fits its shared memory on Volta anyway; the explicit 1 lets ptxas keep the state, the
 // accumulators and the fragments in registers (at D = 64 it otherwise stops at 128 and spills).
@@ -484,27 +424,6 @@ __global__ void __launch_bounds__(kBlockThreads, 1) chunk_state_kernel(const Chu
 // w · 8 …, lane l holds k columns l · E … (E = D / 32), so one state row is one coalesced warp access and the
 // two dot products per row are warp reductions. Memory-bound (the state is read and written once).
 
-struct DecodeParams {
-  const uint16_t* q;  // [batch, H, D]
-  int64_t q_token_stride, q_head_stride;
-  const uint16_t* k;
-  int64_t k_token_stride, k_head_stride;
-  const uint16_t* v;  // [batch, HV, D]
-  int64_t v_token_stride, v_head_stride;
-  const uint16_t* a;  // [batch, HV] fp16: g = −exp(A_log) · softplus(a + dt_bias)
-  const uint16_t* b;  // [batch, HV] fp16: β = sigmoid(b)
-  const float* A_log;
-  const float* dt_bias;
-  void* state;  // [slots, HV, D, D]
-  int64_t state_slot_stride, state_head_stride;
-  const int* state_indices;  // [batch]
-  uint16_t* out;             // [batch, HV, D]
-  int64_t out_token_stride, out_head_stride;
-  int num_v_heads, heads_per_k_head, null_slot;
-  float scale;
-  bool l2norm;
-};
-
 template <int D, class StateT>
 __global__ void __launch_bounds__(kBlockThreads) recurrent_decode_kernel(const DecodeParams p) {
   constexpr int E = D / 32;
@@ -579,22 +498,6 @@ __global__ void __launch_bounds__(kBlockThreads) recurrent_decode_kernel(const D
 // old state), so no segment can see a state another one already replaced. Decode (query_start_loc null): block
 // row s is sequence s with its one token.
 
-struct ConvParams {
-  const uint16_t* x;  // [tokens, dim]
-  int64_t x_token_stride;
-  uint16_t* out;      // [tokens, dim]
-  int64_t out_token_stride;
-  const uint16_t* weight;  // [dim, width]
-  const uint16_t* bias;    // [dim] or null
-  uint16_t* state;         // [slots, dim, ≥ width − 1]
-  int64_t state_slot_stride, state_dim_stride, state_pos_stride;
-  const int* query_start_loc;     // [num_seqs + 1], or null: decode
-  const int* cache_indices;       // [num_seqs]
-  const bool* has_initial_state;  // [num_seqs] or null (all)
-  int num_seqs, dim, null_slot;
-  bool silu;
-};
-
 template <int Width>
 __global__ void __launch_bounds__(kBlockThreads) causal_conv1d_kernel(const ConvParams p) {
   const int channel = blockIdx.x * kBlockThreads + threadIdx.x;
@@ -648,18 +551,6 @@ __global__ void __launch_bounds__(kBlockThreads) causal_conv1d_kernel(const Conv
 // A warp per row of D, E = D / 32 elements per lane, fp32 throughout, rounded once. Gated: vLLM's RMSNormGated
 // (norm before gate, SiLU gate): x · rsqrt(mean(x²) + eps) · weight · silu(z). Not gated: the l2 norm of q / k,
 // x · rsqrt(Σx² + eps).
-
-struct RowNormParams {
-  const uint16_t* x;  // [rows, D]
-  int64_t x_row_stride;
-  const uint16_t* z;  // [rows, D] (gated only)
-  int64_t z_row_stride;
-  const uint16_t* weight;  // [D] (gated only)
-  uint16_t* out;
-  int64_t out_row_stride;
-  int rows;
-  float eps;
-};
 
 template <int D, bool Gated>
 __global__ void __launch_bounds__(kBlockThreads) row_norm_kernel(const RowNormParams p) {
