@@ -41,11 +41,11 @@ def _why_extension_cannot_build() -> str | None:
 
 
 def _driver_extension() -> tuple[list, dict]:
-    """The extension without nvcc (VLLM_VOLTA_FP4_DRIVER_BUILD=1, tools/build_wheel.sh): the GEMM kernels compiled
-    by NVRTC + ptxas into vllm_volta_fp4/kernels/ (sm_70 cubin, compute_80 PTX), host code csrc/driver/*.cpp built
-    by the C++ compiler against torch's stable ABI (headers from VLLM_VOLTA_FP4_TORCH_INCLUDE or the build
-    environment's torch). libtorch_cpu is linked by name only (a stub at link time): the process's torch provides
-    it at run time, so one binary serves every torch >= 2.10."""
+    """The extension without nvcc (VLLM_VOLTA_FP4_DRIVER_BUILD=1, tools/build_wheel.sh): every kernel (GEMM,
+    attention, GDN) compiled by NVRTC + ptxas into vllm_volta_fp4/kernels/ (sm_70 cubin, compute_80 PTX), host code
+    csrc/driver/*.cpp built by the C++ compiler against torch's stable ABI (headers from
+    VLLM_VOLTA_FP4_TORCH_INCLUDE or the build environment's torch). libtorch_cpu is linked by name only (a stub at
+    link time): the process's torch provides it at run time, so one binary serves every torch >= 2.10."""
     import subprocess
     import sysconfig
 

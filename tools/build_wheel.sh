@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build the wheel users install (no CUDA compiler needed, here or there): the GEMM kernels compiled by NVRTC 12.9
-# + ptxas 12.9 into sm_70 machine code (and compute_80 PTX for newer GPUs), host code built by g++ against torch
-# 2.10's stable ABI headers. Installs what it needs into .toolchain/ (PyPI); writes dist/*.whl.
+# Build the wheel users install (no CUDA compiler needed, here or there): every kernel (GEMM, attention, GDN)
+# compiled by NVRTC 12.9 + ptxas 12.9 into sm_70 machine code (and compute_80 PTX for newer GPUs), host code built
+# by g++ against torch 2.10's stable ABI headers. Installs what it needs into .toolchain/ (PyPI); writes dist/*.whl.
 #   bash tools/build_wheel.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

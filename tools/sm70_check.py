@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile the GEMM kernels for Volta (compute_70 → sm_70) without a V100 and check the result.
+"""Compile the kernels for Volta (compute_70 → sm_70) without a V100 and check the result.
 
 CUDA 13 cannot target sm_70, so this uses CUDA 12.9's NVRTC and ptxas from PyPI
 (``pip install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86``):

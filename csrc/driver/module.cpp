@@ -20,7 +20,7 @@ PyMethodDef methods[] = {
 }  // namespace
 
 PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "GEMM kernels of vllm-volta-fp4 (driver-API build)", -1,
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "kernels of vllm-volta-fp4 (driver-API build)", -1,
                                methods};
   return PyModule_Create(&module);
 }
