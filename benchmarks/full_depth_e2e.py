@@ -102,7 +102,7 @@ def engine_args(spec: EngineSpec, workdir: Path, mode: str, protocol: benchmark.
 
     total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None
     args = {**MODES[mode], "dtype": "float16", "seed": 0, "enable_prefix_caching": False,
-            "language_model_only": True, "gdn_prefill_backend": "triton", "async_scheduling": False}
+            "language_model_only": True, "gdn_prefill_backend": "triton"}
     if total is not None:
         args["gpu_memory_utilization"] = round(V100_BUDGET_BYTES / total, 4) if spec.v100_memory else 0.9
     if spec.checkpoint == FP16_DIR:

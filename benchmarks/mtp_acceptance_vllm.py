@@ -52,7 +52,7 @@ def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tok
                 "max_model_len": 256, "max_num_seqs": 4, "gpu_memory_utilization": 0.3,
                 "kv_cache_memory_bytes": 256 * 2**20, "enable_prefix_caching": False, "language_model_only": True,
                 "gdn_prefill_backend": "triton", "attention_backend": "CUSTOM", "seed": 0,
-                "async_scheduling": False, "disable_log_stats": False}
+                "disable_log_stats": False}
     if k:
         settings["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
     llm = LLM(**supported_engine_args(settings))

@@ -133,7 +133,7 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
     settings = {**ENGINE_MODES[mode], "model": str(model), "dtype": "float16", "max_model_len": 4096,
                 "max_num_batched_tokens": 4096, "max_num_seqs": 16, "enable_prefix_caching": False,
                 "gpu_memory_utilization": 0.6, "kv_cache_memory_bytes": 4 << 30, "seed": 0,
-                "attention_backend": attention, "async_scheduling": False, **arch.engine_args}
+                "attention_backend": attention, **arch.engine_args}
     if engine.quantized:
         settings["quantization"] = "volta_nvfp4"
     # vLLM looks its out-of-tree registry up when it builds the model, so the overrides apply to this engine only;

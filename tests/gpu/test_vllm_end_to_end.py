@@ -60,7 +60,6 @@ ENGINE = {
     "gpu_memory_utilization": 0.3,
     "kv_cache_memory_bytes": 256 * 2**20,  # a fixed small cache: no profiling-based sizing, fast start
     "seed": 0,
-    "async_scheduling": False,
 }
 # vLLM's default mode as users run it (torch.compile, CUDA graphs), still without vLLM's compiled kernels: Inductor
 # writes the norms, rotary and activations (custom_ops none). A few capture sizes keep the engine start short.
