@@ -15,8 +15,9 @@
 # Device time: the engine starts dominate (27B weights from page cache, torch.compile, CUDA graphs); stages 1-3 are
 # planned for one session's 30 minutes, 4-5 for the next. PAIRS="w4a16:eager:4096 …" overrides a stage's list.
 # Every stage appends its rows to /tmp/full-depth/results.json (replacing rows of the same engine, mode and
-# length) and re-renders $OUT/full-depth-27b-h200.md and .png from all rows so far: copy them to
-# benchmarks/results/ after the last stage (a cold machine starts a fresh results.json: copy it back in first).
+# length) and re-renders $OUT/full-depth-27b-h200.md and .png from all rows so far. A machine without that file
+# starts from the committed rows (benchmarks/results/full-depth-27b-h200.json), so copy the three files that come
+# back to benchmarks/results/ after every stage (full-depth-results.json → full-depth-27b-h200.json).
 set -uo pipefail
 STAGE=${STAGE:-1}
 WORK=${WORK:-/tmp/full-depth}
@@ -46,6 +47,9 @@ export PYTHONPATH=/tmp/site-${KIT#.gpu-kit-}:$PYTHONPATH VLLM_HOST_IP=127.0.0.1 
   TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
 df -h /tmp | tail -1
 
+mkdir -p "$WORK"
+[[ -f "$WORK/results.json" || ! -f benchmarks/results/full-depth-27b-h200.json ]] ||
+  cp benchmarks/results/full-depth-27b-h200.json "$WORK/results.json"
 step "checkpoints: $formats"
 timeout 300 python3 benchmarks/full_depth_e2e.py checkpoint --workdir "$WORK" --formats "$formats" \
   > "$OUT/checkpoint.log" 2>&1 || { tail -20 "$OUT/checkpoint.log"; exit 1; }
