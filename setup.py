@@ -50,13 +50,21 @@ def _driver_extension() -> tuple[list, dict]:
     import sysconfig
 
     from setuptools import Extension
+    from setuptools.command.build_py import build_py
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
-    import sm70_check
+    class BuildPyWithKernelImage(build_py):
+        """build_py that first compiles the kernel image it ships as package data (vllm_volta_fp4/kernels/*): in a
+        command, not at import, so that the setup.py runs that only ask for metadata compile nothing."""
 
-    _say("driver build: compiling the kernel image with NVRTC + ptxas (sm_70 cubin, compute_80 PTX)")
-    reports = sm70_check.build_image(sm70_check.REPO / sm70_check.IMAGE_DIR)
-    _say(f"driver build: {len(reports)} kernels, sm_70 machine code for each")
+        def run(self):
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+            import sm70_check
+
+            _say("driver build: compiling the kernel image with NVRTC + ptxas (sm_70 cubin, compute_80 PTX)")
+            reports = sm70_check.build_image(sm70_check.REPO / sm70_check.IMAGE_DIR)
+            _say(f"driver build: {len(reports)} kernels, sm_70 machine code for each")
+            super().run()
+
     torch_include = os.environ.get("VLLM_VOLTA_FP4_TORCH_INCLUDE")
     if not torch_include:
         import torch.utils.cpp_extension
@@ -81,7 +89,7 @@ def _driver_extension() -> tuple[list, dict]:
                          "-Wl,--allow-shlib-undefined", "-Wl,-rpath,$ORIGIN/../torch/lib"],
         py_limited_api=True,
     )
-    return [extension], {}
+    return [extension], {"build_py": BuildPyWithKernelImage}
 
 
 def _extensions() -> tuple[list, dict]:
