@@ -95,15 +95,27 @@ def kernel_expressions() -> list[str]:
 IMAGE_HEADERS = (HEADER, "attention/attention.cuh", "gdn/gdn.cuh")
 
 
+# Each family's dynamic shared memory from its header's own formula, exported as __device__ ints so that the
+# reports can read it from the PTX (ptxas does not know dynamic shared memory).
+def gemm_smem_exports() -> list[str]:
+    return [f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});" for rows in BLOCK_ROWS]
+
+
+def attention_smem_exports() -> list[str]:
+    return [f"__device__ int attention_smem_bytes_d{d} = volta_fp4::attention::attention_smem_bytes({d});"
+            for d in ATTENTION_HEAD_SIZES]
+
+
+def gdn_smem_exports() -> list[str]:
+    return [f"__device__ int {kind.lower()}_smem_d{d} = volta_fp4::gdn::{kind}Smem<{d}>::kBytes;"
+            for d in GDN_HEAD_DIMS for kind in ("Prepare", "State")]
+
+
 def image_source() -> str:
     """The kernel image's translation unit: the families' headers (NVRTC name expressions instantiate the kernels)
-    and each kernel's dynamic shared memory from the headers' own formulas, exported for the reports."""
+    and their shared-memory exports."""
     lines = [f'#include "{header}"' for header in IMAGE_HEADERS]
-    lines += [f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});" for rows in BLOCK_ROWS]
-    lines += [f"__device__ int attention_smem_bytes_d{d} = volta_fp4::attention::attention_smem_bytes({d});"
-              for d in ATTENTION_HEAD_SIZES]
-    lines += [f"__device__ int {kind.lower()}_smem_d{d} = volta_fp4::gdn::{kind}Smem<{d}>::kBytes;"
-              for d in GDN_HEAD_DIMS for kind in ("Prepare", "State")]
+    lines += gemm_smem_exports() + attention_smem_exports() + gdn_smem_exports()
     return "\n".join(lines) + "\n"
 
 
@@ -124,12 +136,7 @@ def kernel_source() -> str:
             "(const uint8_t*, const float*, uint16_t*, int, int, int, int);"
         )
     lines.append("}")
-    # Exported so the report can print each kernel's dynamic shared memory from the header's own formula.
-    for rows in BLOCK_ROWS:
-        lines.append(f"__device__ int fused_smem_bytes_bm{rows} = volta_fp4::fused_smem_bytes({rows});")
-    return "\n".join(lines) + "\n"
-
-
+    return "\n".join(lines + gemm_smem_exports()) + "\n"
 
 
 def attention_kernel_source() -> str:
@@ -139,9 +146,7 @@ def attention_kernel_source() -> str:
         lines.append(f"template __global__ void paged_attention_kernel<Sm70Mma, {d}>(const PagedAttentionParams);")
         lines.append(f"template __global__ void combine_splits_kernel<{d}>(const PagedAttentionParams);")
     lines.append("}}")
-    for d in ATTENTION_HEAD_SIZES:
-        lines.append(f"__device__ int attention_smem_bytes_d{d} = volta_fp4::attention::attention_smem_bytes({d});")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + attention_smem_exports()) + "\n"
 
 
 def gdn_kernel_source() -> str:
@@ -157,10 +162,7 @@ def gdn_kernel_source() -> str:
     for width in GDN_CONV_WIDTHS:
         lines.append(f"template __global__ void causal_conv1d_kernel<{width}>(const ConvParams);")
     lines.append("}}")
-    for d in GDN_HEAD_DIMS:
-        lines.append(f"__device__ int prepare_smem_d{d} = volta_fp4::gdn::PrepareSmem<{d}>::kBytes;")
-        lines.append(f"__device__ int state_smem_d{d} = volta_fp4::gdn::StateSmem<{d}>::kBytes;")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + gdn_smem_exports()) + "\n"
 
 
 def attention_dynamic_smem(report: KernelReport, ptx: str) -> int:

@@ -6,8 +6,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <algorithm>
-
 #include "attention/attention.cuh"
 #include "attention/attention_plan.h"
 #include "common/host_utils.h"
@@ -81,7 +79,7 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
 }
 
 template <class Mma, int HeadDim>
-void launch_attention(const PagedAttentionParams& p, int64_t row_tiles, int64_t num_kv_heads) {
+void launch_attention(const PagedAttentionParams& p, int64_t tiles, int64_t num_kv_heads) {
   constexpr int smem_bytes = SmemPlan<HeadDim>::kBytes;
   auto kernel = paged_attention_kernel<Mma, HeadDim>;
   static const bool configured = [&] {
@@ -89,7 +87,7 @@ void launch_attention(const PagedAttentionParams& p, int64_t row_tiles, int64_t 
     return true;
   }();
   (void)configured;
-  const dim3 grid(unsigned(row_tiles), unsigned(num_kv_heads), unsigned(p.splits));
+  const dim3 grid(unsigned(tiles), unsigned(num_kv_heads), unsigned(p.splits));
   kernel<<<grid, kThreadsPerBlock, smem_bytes, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.splits > 1) {
@@ -100,17 +98,17 @@ void launch_attention(const PagedAttentionParams& p, int64_t row_tiles, int64_t 
 }
 
 template <class Mma>
-void launch_for_head_dim(const PagedAttentionParams& p, int64_t head_size, int64_t row_tiles, int64_t kv_heads) {
+void launch_for_head_dim(const PagedAttentionParams& p, int64_t head_size, int64_t tiles, int64_t kv_heads) {
   switch (head_size) {
-    case 64: return launch_attention<Mma, 64>(p, row_tiles, kv_heads);
-    case 128: return launch_attention<Mma, 128>(p, row_tiles, kv_heads);
-    case 256: return launch_attention<Mma, 256>(p, row_tiles, kv_heads);
+    case 64: return launch_attention<Mma, 64>(p, tiles, kv_heads);
+    case 128: return launch_attention<Mma, 128>(p, tiles, kv_heads);
+    case 256: return launch_attention<Mma, 256>(p, tiles, kv_heads);
     default: TORCH_CHECK(false, "head_size must be 64, 128 or 256, got ", str(head_size));
   }
 }
 
 // out[t, h] = softmax(scale · q[t, h] · Kᵀ + causal/window mask) · V over the paged cache (attention.cuh).
-// num_splits: 0 = chosen here (split the KV length when the row tiles alone leave SMs idle).
+// num_splits: 0 = chosen by attention_plan.h (split the KV length when the row tiles alone leave SMs idle).
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                      const at::Tensor& block_table, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                      int64_t max_seq_len, double scale, int64_t sliding_window, int64_t mma, int64_t num_splits) {

@@ -2,8 +2,9 @@
 # The seeds' benchmark at full depth (Qwen3.8-27B shape, 64 layers, vocabulary 248,320) on one H200, in stages that
 # each fit one device call (10 min), 64 GB of disk and the session's 30 device-minutes:
 #   here:   bash scripts/gpu/make_gpu_kit.sh 0.20.2
-#   device: kind nvidia-h200, carry [".gpu-kit-0.20.2", ".gpu-kit-wheels", ".prebuilt"], one call per stage, back to back (the machine keeps
-#           /tmp only while warm: 30 s idle; a cold machine redoes build + kit + checkpoint, ~3-4 min of the call):
+#   device: kind nvidia-h200, carry [".gpu-kit-0.20.2", ".gpu-kit-wheels", ".prebuilt"], one call per stage, back
+#           to back (the machine keeps /tmp only while warm: 30 s idle; a cold machine redoes build + kit +
+#           checkpoint, ~3-4 min of the call):
 #     STAGE=1 COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_full_depth_gpu.sh
 # Stages, in the order of the issue's goals (each pair ENGINE:MODE:MAX_MODEL_LENS is one engine per length):
 #   1  build, kit, the W4A16 checkpoint (~19 GB, streamed layer by layer on the GPU), w4a16:default:4096
