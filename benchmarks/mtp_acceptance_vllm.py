@@ -24,28 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-
-
-def spec_counters(llm) -> dict[str, float]:
-    """vLLM's spec-decode counters of this engine (summed over engine labels), and the per-position acceptances."""
-    counts = dict.fromkeys(SPEC_COUNTERS, 0.0)
-    per_position: list[float] = []
-    for metric in llm.get_metrics():
-        name = metric.name.removeprefix("vllm:spec_decode_")
-        if name in counts:
-            counts[name] += metric.value
-        elif name == "num_accepted_tokens_per_pos":
-            values = metric.values if hasattr(metric, "values") else [metric.value]
-            per_position = [a + b for a, b in zip(per_position or [0.0] * len(values), values, strict=True)]
-    return {**counts, "per_position": per_position}
-
-
 def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tokens: int) -> dict:
     """Greedy tokens of every prompt alone (batch 1), decode seconds, and the spec-decode counters of the run."""
     import torch
     from vllm import LLM, SamplingParams
 
+    from devkit.engine import SPEC_DECODE_COUNTERS, spec_decode_counters
     from vllm_volta_fp4.testing.greedy import ENGINE_MODES, generate_with, supported_engine_args
 
     settings = {**ENGINE_MODES[mode], "model": str(model), "quantization": "volta_nvfp4", "dtype": "float16",
@@ -60,7 +44,7 @@ def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tok
         greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
         first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         llm.generate([{"prompt_token_ids": prompts[0]}], greedy, use_tqdm=False)  # warm-up
-        before = spec_counters(llm) if k else None
+        before = spec_decode_counters(llm) if k else None
         decode_seconds = 0.0
         for prompt in prompts:
             start = time.perf_counter()
@@ -72,8 +56,8 @@ def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tok
         generations = [generate_with(llm, [prompt], new_tokens)[0] for prompt in prompts]
         counts = {}
         if k:
-            after = spec_counters(llm)
-            counts = {name: after[name] - before[name] for name in SPEC_COUNTERS}
+            after = spec_decode_counters(llm)
+            counts = {name: after[name] - before[name] for name in SPEC_DECODE_COUNTERS}
             counts["per_position"] = [a - b for a, b in
                                       zip(after["per_position"], before["per_position"] or [0.0] * k, strict=False)]
         return {"k": k or 0, "generations": generations,

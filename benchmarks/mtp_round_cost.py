@@ -53,10 +53,6 @@ def _engine(model: str, k: int | None, eager: bool, max_len: int):
     return LLM(**supported_engine_args(settings))
 
 
-def _drafts(llm) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
-
-
 def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
     from vllm import SamplingParams
 
@@ -85,13 +81,15 @@ def _gpu_seconds(llm, prompt: list[int], tokens: int) -> float:
 def measure(model: str, k: int | None, eager: bool, tokens: int) -> dict:
     import torch
 
+    from devkit.engine import spec_decode_counters
+
     prompt = [(7 * i + 11) % 300 + 5 for i in range(64)]
     llm = _engine(model, k, eager, 64 + 4 * tokens)
     try:
         wall = _decode_seconds(llm, prompt, tokens)  # time of `tokens` decoded tokens
-        before = _drafts(llm)
+        before = spec_decode_counters(llm)["num_drafts"]
         gpu = _gpu_seconds(llm, prompt, tokens)  # one generate of `tokens` tokens: its rounds are its drafts
-        rounds = (_drafts(llm) - before) if k else tokens
+        rounds = (spec_decode_counters(llm)["num_drafts"] - before) if k else tokens
         if rounds <= 0:
             raise RuntimeError(f"K={k}: vLLM counted no speculative rounds; speculation did not run")
         return {"k": k or 0, "wall_ms_per_round": 1e3 * wall / rounds, "gpu_ms_per_round": 1e3 * gpu / rounds,

@@ -65,3 +65,22 @@ def uninstall_gdn_overrides() -> None:
     for key, cls in list(op_registry_oot.items()):
         if getattr(cls, "volta_fp4_override", None) is not None:
             del op_registry_oot[key]
+
+
+SPEC_DECODE_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def spec_decode_counters(llm) -> dict[str, float | list[float]]:
+    """vLLM's speculative-decoding counters of an engine started with ``disable_log_stats=False`` (summed over its
+    engine labels): drafts (= verification rounds), draft tokens, accepted tokens, and ``per_position``, the
+    accepted drafts per draft position."""
+    counts: dict[str, float | list[float]] = dict.fromkeys(SPEC_DECODE_COUNTERS, 0.0)
+    per_position: list[float] = []
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:spec_decode_")
+        if name in SPEC_DECODE_COUNTERS:
+            counts[name] += metric.value
+        elif name == "num_accepted_tokens_per_pos":
+            values = metric.values if hasattr(metric, "values") else [metric.value]
+            per_position = [a + b for a, b in zip(per_position or [0.0] * len(values), values, strict=True)]
+    return {**counts, "per_position": per_position}

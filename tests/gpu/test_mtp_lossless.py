@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from devkit.engine import spec_decode_counters
 from tests.gpu.test_vllm_end_to_end import (
     ENGINE,
     MAX_TOKENS,
@@ -67,18 +68,12 @@ class SpecRuns:
             try:
                 alone = [generate_with(llm, [prompt], MAX_TOKENS)[0] for prompt in PROMPTS]
                 together = generate_with(llm, PROMPTS, MAX_TOKENS)
-                self.cache[key] = (alone, together, spec_decode_counts(llm))
+                self.cache[key] = (alone, together, spec_decode_counters(llm))
             finally:
                 del llm
                 gc.collect()
                 torch.cuda.empty_cache()
         return self.cache[key]
-
-
-def spec_decode_counts(llm) -> dict[str, float]:
-    """vLLM's speculative-decoding counters of this engine (drafts, draft tokens, accepted tokens)."""
-    return {metric.name: metric.value for metric in llm.get_metrics()
-            if "spec_decode" in metric.name and hasattr(metric, "value")}
 
 
 @pytest.fixture(scope="module")
@@ -100,5 +95,5 @@ def test_mtp_speculation_is_lossless(spec_runs, triton_allocator, fmt, mtp, mode
     what = f"{fmt} (MTP {mtp}) {mode} K={k}"
     assert_same_greedy(spec_alone, plain_alone, f"{what} batch 1, speculative vs plain")
     assert_same_greedy(spec_together, plain_together, f"{what} batch 4, speculative vs plain")
-    drafts = counts.get("vllm:spec_decode_num_drafts", 0)
+    drafts = counts["num_drafts"]
     assert drafts > 0, f"{what}: the engine made no drafts ({counts}): speculation did not run"
