@@ -43,7 +43,8 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import v100_budget  # noqa: E402
 
-from devkit.gpu_time import gpu_time_per_decode_token  # noqa: E402
+from devkit.gpu_time import FAMILIES, gpu_time_per_decode_token  # noqa: E402
+from vllm_volta_fp4.plugin.attention.backend import BACKEND_NAME  # noqa: E402
 from vllm_volta_fp4.testing.greedy import ENGINE_MODES  # noqa: E402
 from vllm_volta_fp4.testing.tiny_model import qwen3_8_27b, stream_hybrid_checkpoint  # noqa: E402
 from vllm_volta_fp4.toolkit import benchmark, planner  # noqa: E402
@@ -52,7 +53,6 @@ GIB = 1 << 30
 FULL_VOCAB = 248320
 V100_BUDGET_BYTES = 0.9 * planner.GPU_PRESETS["v100-32gb"]  # what vLLM gets on a V100-32GB at utilisation 0.9
 FP16_DIR = "fp16-config-only"
-FAMILIES = ("linear", "attention", "GDN", "other")
 MODES = ENGINE_MODES
 
 
@@ -105,8 +105,10 @@ def engine_args(spec: EngineSpec, workdir: Path, mode: str, protocol: benchmark.
     import torch
 
     total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None
+    # Every engine on the plugin's attention backend: what a V100 runs (the platform's choice on compute capability
+    # 7.x), and on the H200 the GPU kit has no FlashAttention build for vLLM to pick.
     args = {**MODES[mode], "dtype": "float16", "seed": 0, "enable_prefix_caching": False,
-            "language_model_only": True, "gdn_prefill_backend": "triton"}
+            "language_model_only": True, "gdn_prefill_backend": "triton", "attention_backend": BACKEND_NAME}
     if total is not None:
         args["gpu_memory_utilization"] = round(V100_BUDGET_BYTES / total, 4) if spec.v100_memory else 0.9
     if spec.checkpoint == FP16_DIR:
@@ -196,7 +198,8 @@ def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> li
              f"- protocol: {meta['protocol']}; GPU µs/step: kernel time per decode step of the batch (torch "
              "profiler, 32 steps), split by kernel family (devkit/gpu_time.py).",
              f"- memory: V100-capped engines get gpu_memory_utilization = 0.9 × 32 GB / {meta['gpu_total_gb']:.0f} "
-             "GB; fp16 whole GPU 0.9. Rows named MODEL are computed, not measured.", "",
+             "GB; fp16 whole GPU 0.9. Rows named MODEL are computed, not measured.",
+             f"- attention: every engine on the plugin's backend (`attention_backend={BACKEND_NAME}`).", "",
              "| " + " | ".join(HEADINGS) + " |", "|---|---|" + "---:|" * (len(HEADINGS) - 2)]
     for row in rows:
         lines.append("| " + " | ".join(f"{row.get(c, 0):.1f}" if isinstance(row.get(c), float) else str(row.get(c, ""))

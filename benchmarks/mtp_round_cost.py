@@ -8,7 +8,8 @@ its one-layer MTP module, random weights made on the GPU, NVFP4 (MTP excluded, a
 weights accept almost no drafts, so every engine step is one whole round; the round count comes from vLLM's
 spec-decode counters (drafts), and the round time is the decode time divided by the rounds. Wall-clock: decode
 time of N extra tokens over the same prompt with one token (as benchmarks/throughput_e2e.py measures decode); GPU
-time: the sum of kernel times per round from the torch profiler. Implied tok/s at acceptance length L: L / round.
+time: kernel time per decoded token from the torch profiler (devkit.gpu_time: the prompt's prefill
+subtracted, split by kernel family) times the tokens per round. Implied tok/s at acceptance length L: L / round.
 
     python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8] [--ks 1,2,3,4,5,6,7] [--eager]
 
@@ -26,6 +27,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from devkit.gpu_time import FAMILIES, gpu_time_per_decode_token
 
 # Published MTP acceptance lengths (tokens per round) of Qwen3.5/3.8 at K = 3 (or near it): SGLang's Qwen3.5 H200
 # FP8 cookbook pins 3.39 at 3 speculative tokens (sgl-project/sglang PR #35194); ik_llama.cpp measures 3.72-3.76 on
@@ -66,20 +69,9 @@ def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
     return statistics.median(timed(tokens + 1) - timed(1) for _ in range(3))
 
 
-def _gpu_seconds(llm, prompt: list[int], tokens: int) -> float:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    from vllm import SamplingParams
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=tokens, temperature=0.0,
-                                                                    ignore_eos=True), use_tqdm=False)
-        torch.cuda.synchronize()
-    return sum(event.device_time_total for event in prof.key_averages()) / 1e6
-
-
 def measure(model: str, k: int | None, eager: bool, tokens: int) -> dict:
     import torch
+    from vllm import SamplingParams
 
     from devkit.engine import spec_decode_counters
 
@@ -88,12 +80,17 @@ def measure(model: str, k: int | None, eager: bool, tokens: int) -> dict:
     try:
         wall = _decode_seconds(llm, prompt, tokens)  # time of `tokens` decoded tokens
         before = spec_decode_counters(llm)["num_drafts"]
-        gpu = _gpu_seconds(llm, prompt, tokens)  # one generate of `tokens` tokens: its rounds are its drafts
-        rounds = (spec_decode_counters(llm)["num_drafts"] - before) if k else tokens
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=tokens, temperature=0.0,
+                                                                    ignore_eos=True), use_tqdm=False)
+        rounds = (spec_decode_counters(llm)["num_drafts"] - before) if k else tokens  # a round per draft
         if rounds <= 0:
             raise RuntimeError(f"K={k}: vLLM counted no speculative rounds; speculation did not run")
-        return {"k": k or 0, "wall_ms_per_round": 1e3 * wall / rounds, "gpu_ms_per_round": 1e3 * gpu / rounds,
-                "tokens_per_round": tokens / rounds}
+        tokens_per_round = tokens / rounds
+        # kernel time per decoded token (the prompt's prefill subtracted), by family, scaled to a round
+        gpu = gpu_time_per_decode_token(llm, [prompt], tokens)
+        return {"k": k or 0, "wall_ms_per_round": 1e3 * wall / rounds, "tokens_per_round": tokens_per_round,
+                "gpu_ms_per_round": 1e3 * gpu["all"] * tokens_per_round,
+                "gpu_ms_by_family": {family: 1e3 * gpu.get(family, 0.0) * tokens_per_round for family in FAMILIES}}
     finally:
         del llm
         gc.collect()
@@ -106,13 +103,15 @@ def table(rows: list[dict], args) -> str:
              f"{'eager' if args.eager else 'default mode'}", "",
              f"Date {datetime.date.today()}, commit {args.commit}, GPU {args.gpu}.", "",
              f"Implied tok/s use acceptance length L = 3 ({PUBLISHED_ACCEPTANCE}).", "",
-             "| K | wall ms / round | × plain step | GPU ms / round | × plain step | implied tok/s at L=3 |",
-             "|---|---|---|---|---|---|"]
+             "| K | wall ms / round | × plain step | GPU ms / round | × plain step | implied tok/s at L=3 | "
+             + " | ".join(f"GPU ms {family}" for family in FAMILIES) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(FAMILIES)]
     for row in rows:
         lines.append(f"| {row['k'] or 'plain'} | {row['wall_ms_per_round']:.2f} | "
                      f"{row['wall_ms_per_round'] / plain['wall_ms_per_round']:.2f} | {row['gpu_ms_per_round']:.2f} | "
                      f"{row['gpu_ms_per_round'] / plain['gpu_ms_per_round']:.2f} | "
-                     f"{(3 if row['k'] else 1) * 1e3 / row['wall_ms_per_round']:.1f} |")
+                     f"{(3 if row['k'] else 1) * 1e3 / row['wall_ms_per_round']:.1f} | "
+                     + " | ".join(f"{row['gpu_ms_by_family'][family]:.2f}" for family in FAMILIES) + " |")
     return "\n".join(lines) + "\n"
 
 

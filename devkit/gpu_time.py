@@ -17,6 +17,8 @@ KERNEL_FAMILIES = {
     # ours (namespace volta_fp4::attention: paged attention, split combine, KV-cache write)
     "attention": re.compile(r"attention", re.IGNORECASE),
 }
+# The families as the tables list them ("other": every kernel no pattern matches).
+FAMILIES = ("linear", "attention", "GDN", "other")
 
 
 def kernel_family(name: str) -> str:

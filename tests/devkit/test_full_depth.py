@@ -62,3 +62,5 @@ def test_engine_settings(workdir):
     quantized = full_depth.engine_args(full_depth.ENGINES["w4a16"], workdir, "eager", protocol)
     assert quantized["quantization"] == "volta_nvfp4" and quantized["enforce_eager"]
     assert quantized["compilation_config"] == {"custom_ops": ["none"]}
+    # every engine on the plugin's attention backend (the GPU kit has no FlashAttention for vLLM to pick)
+    assert offload["attention_backend"] == quantized["attention_backend"] == "CUSTOM"
