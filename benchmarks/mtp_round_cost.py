@@ -3,15 +3,17 @@
 layer + verification of K + 1 tokens) against a plain decode step, batch 1, K = 1..7, with volta_nvfp4 in vLLM's
 default mode (torch.compile + CUDA graphs, native custom ops) or eager.
 
-Model: ``--layers`` decoder layers of Qwen3.8-27B (tiny_model.qwen3_8_27b: 3 Gated-DeltaNet : 1 full attention) plus
+Model: ``--model`` (e.g. the 64-layer checkpoint of benchmarks/full_depth_e2e.py, which carries the MTP module),
+or ``--layers`` decoder layers of Qwen3.8-27B (tiny_model.qwen3_8_27b: 3 Gated-DeltaNet : 1 full attention) plus
 its one-layer MTP module, random weights made on the GPU, NVFP4 (MTP excluded, as real exports ship it). Random
 weights accept almost no drafts, so every engine step is one whole round; the round count comes from vLLM's
 spec-decode counters (drafts), and the round time is the decode time divided by the rounds. Wall-clock: decode
 time of N extra tokens over the same prompt with one token (as benchmarks/throughput_e2e.py measures decode); GPU
-time: kernel time per decoded token from the torch profiler (devkit.gpu_time: the prompt's prefill
-subtracted, split by kernel family) times the tokens per round. Implied tok/s at acceptance length L: L / round.
+time: kernel time per decoded token from the torch profiler (devkit.gpu_time: the prompt's prefill subtracted,
+split by kernel family) times the tokens per round. Implied tok/s at acceptance length L: L / round.
 
-    python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8] [--ks 1,2,3,4,5,6,7] [--eager]
+    python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8 | --model DIR]
+        [--ks 1,2,3,4,5,6,7] [--eager]
 
 On the GPU machine: scripts/gpu/run_mtp_gpu.sh (after the lossless tests).
 """
@@ -22,6 +24,7 @@ import argparse
 import dataclasses
 import datetime
 import gc
+import json
 import os
 import statistics
 import tempfile
@@ -120,7 +123,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--gpu", default=os.environ.get("GPU_NAME", "unknown"))
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers of the checkpoint made here")
+    parser.add_argument("--model", type=Path, help="an NVFP4 Qwen3.5-architecture checkpoint with its MTP module "
+                        "instead (e.g. the full-depth one of benchmarks/full_depth_e2e.py)")
     parser.add_argument("--ks", default="1,2,3,4,5,6,7",
                         help="speculative token counts, comma-separated (each engine start takes ~1-2 min in default "
                              "mode at 27B widths: split K = 1..7 over device calls)")
@@ -135,11 +140,16 @@ def main() -> int:
     vllm_volta_fp4.register()
     use_torch_allocator_for_triton()
     with tempfile.TemporaryDirectory() as tmp:
-        shape = dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1)
-        make_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda")
+        if args.model:
+            model = str(args.model)
+            args.layers = json.loads((args.model / "config.json").read_text())["text_config"]["num_hidden_layers"]
+        else:
+            model = tmp
+            make_checkpoint(tmp, dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1), "modelopt-w4a16",
+                            device="cuda")
         rows = []
         for k in [None, *(int(part) for part in args.ks.split(","))]:
-            rows.append(measure(tmp, k, args.eager, args.tokens))
+            rows.append(measure(model, k, args.eager, args.tokens))
             text = table(rows, args)
             args.out.write_text(text)  # after every engine: a run stopped at its time limit keeps its rows
             print(text, flush=True)

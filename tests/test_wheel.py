@@ -59,20 +59,28 @@ def test_image_build_gives_each_kernel_sm70_machine_code(tmp_path):
     assert sm70_check.cubin_missing(tmp_path / sm70_check.IMAGE_CUBIN, ["_Z6absentv"]) == ["_Z6absentv"]
 
 
-def _op_schemas(paths) -> dict[str, str]:
-    """{op name: schema} of every ``m.def("…" "…")`` in the given sources (adjacent literals joined)."""
+def _defined_ops() -> dict[str, str]:
+    """{op name: schema} of every ``m.def("…" "…")`` of the host code (adjacent literals joined)."""
     schemas = {}
-    for path in paths:
+    for path in sorted((REPO / "csrc" / "driver").glob("*.cpp")):
         for match in re.finditer(r'm\.def\(((?:\s*"[^"]*")+)', path.read_text()):
             schema = "".join(re.findall(r'"([^"]*)"', match.group(1)))
             schemas[schema.split("(", 1)[0]] = schema
     return schemas
 
 
-def test_the_wheel_defines_every_op_of_the_nvcc_build():
-    """The compiler-free host code (csrc/driver/) registers the same ops with the same schemas as the nvcc build, so
-    Python sees one library whichever build is installed."""
-    nvcc = _op_schemas(sorted((REPO / "csrc").glob("*/*.cu")))
-    driver = _op_schemas(sorted((REPO / "csrc" / "driver").glob("*.cpp")))
-    assert len(nvcc) == 13
-    assert driver == nvcc
+def _python_ops(pattern: str) -> set[str]:
+    """The op names that the Python op faces (vllm_volta_fp4/ops/) name in ``pattern``'s one group."""
+    return {name for path in (REPO / "vllm_volta_fp4" / "ops").glob("*.py")
+            for name in re.findall(pattern, path.read_text())}
+
+
+def test_the_host_code_defines_exactly_the_ops_python_calls():
+    """Every op the op faces call is defined by the extension's host code, and the host code defines no op nobody
+    calls; each op that runs inside a traced model forward has a fake (torch.compile's shape function)."""
+    defined = _defined_ops()
+    called = _python_ops(r"torch\.ops\.volta_fp4\.(\w+)")
+    assert len(defined) == 13
+    assert called == set(defined)
+    faked = _python_ops(r'register_fake\(\s*"volta_fp4::(\w+)"')
+    assert faked and faked <= set(defined)

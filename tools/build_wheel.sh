@@ -31,6 +31,6 @@ PY
 fi
 rm -rf build vllm_volta_fp4/kernels
 # The toolchain venv's site-packages holds the NVRTC/ptxas wheels that tools/sm70_check.py looks for.
-VLLM_VOLTA_FP4_DRIVER_BUILD=1 VLLM_VOLTA_FP4_TORCH_INCLUDE="$PWD/$TOOLCHAIN/torch-include" \
+VLLM_VOLTA_FP4_BUILD_EXT=1 VLLM_VOLTA_FP4_TORCH_INCLUDE="$PWD/$TOOLCHAIN/torch-include" \
   "$TOOLCHAIN/venv/bin/python" -m build --wheel --no-isolation --outdir dist .
 echo "build_wheel: $(ls dist/*.whl) in $(( $(date +%s) - start )) s"

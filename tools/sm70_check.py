@@ -8,7 +8,7 @@ Fails when a kernel spills registers, needs more than Volta's 96 KB of shared me
 lacks the Volta HMMA instruction (mma.sync.aligned.m8n8k4). Prints registers, spills and shared memory per kernel.
 
     python tools/sm70_check.py [--keep DIR]          # compile and check the kernels of csrc/
-    python tools/sm70_check.py --build-image DIR     # write the wheel's kernel image (setup.py's driver build)
+    python tools/sm70_check.py --build-image DIR     # write the wheel's kernel image (setup.py's extension build)
     python tools/sm70_check.py --wheel dist/X.whl    # check the kernels a wheel ships
 
 The attention and Gated-DeltaNet kernels are compiled the same way (``attention_kernel_source``,
@@ -34,7 +34,7 @@ VOLTA_MAX_SMEM_PER_BLOCK = 96 * 1024
 VOLTA_HMMA = "mma.sync.aligned.m8n8k4"
 MMA_ATOMS = ("Sm70Mma", "Sm80Mma")
 FORMATS = ("Nvfp4Format", "Fp8Format")
-BLOCK_ROWS = (16, 32, 64)  # the BM values weight_gemm.cu launches
+BLOCK_ROWS = (16, 32, 64)  # the BM values the GEMM ops launch (gemm/weight_gemm_plan.h)
 GEMV_ROWS = tuple(range(1, 9))  # the M values of weight_gemv_kernel (PATH_GEMV, M <= kGemvMaxM)
 ATTENTION_HEAD_SIZES = (64, 128, 256)
 GDN_HEAD_DIMS = (64, 128)

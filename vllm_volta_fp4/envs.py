@@ -32,12 +32,13 @@ GEMV_MAX_M = Variable("VLLM_VOLTA_FP4_GEMV_MAX_M", "an integer ≥ 0",
                       "largest M the GEMM's automatic choice sends to the GEMV (0: never; default and maximum 8)")
 CUBLAS_MIN_M = Variable("VLLM_VOLTA_FP4_CUBLAS_MIN_M", "an integer ≥ 1",
                         "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 65)")
-BUILD_EXT = Variable("VLLM_VOLTA_FP4_BUILD_EXT", "1 (build or fail) or 0 (never build)",
-                     "at install: whether to build the CUDA extension (unset: where nvcc and a CUDA torch exist)")
-DRIVER_BUILD = Variable("VLLM_VOLTA_FP4_DRIVER_BUILD", "1 or 0",
-                        "at build: 1 builds the extension without nvcc (NVRTC/ptxas kernel image + g++ host code on "
-                        "torch's stable ABI, tools/build_wheel.sh); unset/0: the nvcc build")
-VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, BUILD_EXT, DRIVER_BUILD)
+BUILD_EXT = Variable("VLLM_VOLTA_FP4_BUILD_EXT", "1 (build or fail) or 0",
+                     "at build: 1 builds the CUDA extension without a CUDA compiler (NVRTC/ptxas kernel image + C++ "
+                     "host code on torch's stable ABI; what tools/build_wheel.sh sets); unset/0: pure Python")
+TORCH_INCLUDE = Variable("VLLM_VOLTA_FP4_TORCH_INCLUDE", "an existing directory",
+                         "at build: torch >= 2.10's C++ headers for the extension's host code (unset: the build "
+                         "environment's torch)")
+VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, BUILD_EXT, TORCH_INCLUDE)
 
 
 def _raw(variable: Variable) -> str | None:
@@ -100,19 +101,20 @@ def cublas_min_m() -> int | None:
     return _count(CUBLAS_MIN_M, 1)
 
 
-def driver_build() -> bool:
-    """Whether setup.py builds the driver-API extension (the wheel's) instead of the nvcc one."""
-    value = _raw(DRIVER_BUILD)
-    choices = {None: False, "": False, "1": True, "0": False}
-    if value not in choices:
-        raise _invalid(DRIVER_BUILD)
-    return choices[value]
-
-
-def build_extension() -> bool | None:
-    """True: build the CUDA extension or fail; False: never build; None: build where it can be built."""
+def build_extension() -> bool:
+    """Whether setup.py builds the CUDA extension (and fails if it cannot)."""
     value = _raw(BUILD_EXT)
-    choices = {None: None, "": None, "1": True, "0": False}
+    choices = {None: False, "": False, "1": True, "0": False}
     if value not in choices:
         raise _invalid(BUILD_EXT)
     return choices[value]
+
+
+def torch_include() -> str | None:
+    """The torch include directory the extension's build is given, or None."""
+    value = os.environ.get(TORCH_INCLUDE.name)
+    if not value:
+        return None
+    if not os.path.isdir(value):
+        raise _invalid(TORCH_INCLUDE)
+    return value

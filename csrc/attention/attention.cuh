@@ -1,7 +1,7 @@
 // Paged attention for Volta and newer, over vLLM's paged KV cache: one kernel for prefill, chunked prefill,
 // prefix-cache hits, mixed batches and decode, plus the KV-cache write and the split-KV combine.
-// Kernel code only (no torch or host headers): included by attention.cu and compiled alone by NVRTC for the
-// sm_70 check (tests/test_attention_sm70_compile.py). The matrix products use the MMA atoms of weight_gemm.cuh.
+// Kernel code only (no torch or host headers): compiled by NVRTC into the kernel image (tools/sm70_check.py) and for
+// the sm_70 check (tests/test_attention_sm70_compile.py). The matrix products use the MMA atoms of weight_gemm.cuh.
 //
 // ─── Data layouts ──────────────────────────────────────────────────────────────────────────────────────────
 // KV cache (the backend's get_kv_cache_shape): fp16 [num_blocks, 2, block_size, num_kv_heads, head_size],

@@ -1,6 +1,5 @@
-// The attention ops of the wheel's extension: the same op names, schemas, checks and host decisions
-// (attention/attention_plan.h) as csrc/attention/attention.cu, against torch's stable C++ ABI, launching the kernel
-// image through the CUDA driver API on torch's current stream. Built by a plain C++ compiler.
+// The attention ops: argument checks and the host decisions of attention/attention_plan.h, against torch's stable
+// C++ ABI, launching the kernel image through the CUDA driver API on torch's current stream. Built by a plain C++ compiler.
 #include <cstdint>
 #include <string>
 

@@ -1,6 +1,6 @@
-// The Gated-DeltaNet ops of the wheel's extension: the same op names, schemas, checks and host decisions
-// (gdn/gdn_plan.h) as csrc/gdn/gdn.cu, against torch's stable C++ ABI, launching the kernel image through the CUDA
-// driver API on torch's current stream. Built by a plain C++ compiler.
+// The Gated-DeltaNet ops: argument checks and the host decisions of gdn/gdn_plan.h, against torch's stable C++
+// ABI, launching the kernel image through the CUDA driver API on torch's current stream. Built by a plain C++
+// compiler.
 #include <cstdint>
 #include <optional>
 #include <string>

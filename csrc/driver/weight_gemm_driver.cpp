@@ -1,5 +1,5 @@
-// The GEMM ops of the wheel's extension: the same op names, schemas and host decisions (gemm/weight_gemm_plan.h)
-// as csrc/gemm/weight_gemm.cu, written against torch's stable C++ ABI (torch/csrc/stable, targeting torch 2.10,
+// The GEMM ops: argument checks and the host decisions of gemm/weight_gemm_plan.h, written against torch's stable
+// C++ ABI (torch/csrc/stable, targeting torch 2.10,
 // so one binary serves torch 2.10 and later) and launching the kernel image through the CUDA driver API
 // (cuda_driver.h) on torch's current stream. Built by a plain C++ compiler.
 #include <optional>
@@ -15,7 +15,7 @@ namespace {
 
 using namespace driver::stable_torch;
 
-// ─── prepare_* (the same re-layouts as weight_gemm.cu, through the dispatcher) ─────────────────────────────────
+// ─── prepare_* (the load-time re-layouts, torch ops through the dispatcher) ─────────────────────────────────
 void check_weight_inputs(const Tensor& t, const char* name, ScalarType dtype, int64_t dim) {
   STD_TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
   STD_TORCH_CHECK(t.scalar_type() == dtype, name, " has the wrong dtype");

@@ -1,8 +1,8 @@
 // Gated DeltaNet (the linear-attention layers of Qwen3.5 / Qwen3.8) for Volta and newer: the chunked gated
 // delta rule for prefill, the one-token recurrent update for decode, the causal depthwise conv1d in front of it
 // (prefill and decode, with vLLM's per-sequence conv state), the gated RMSNorm behind it and the l2 norm of q/k.
-// Kernel code only (no torch or host headers): included by gdn.cu and compiled alone by NVRTC for the sm_70 check
-// (tests/test_gdn_sm70_compile.py). Matrix products go through the MMA atoms of mma_atoms.cuh.
+// Kernel code only (no torch or host headers): compiled by NVRTC into the kernel image (tools/sm70_check.py) and for
+// the sm_70 check (tests/test_gdn_sm70_compile.py). Matrix products go through the MMA atoms of mma_atoms.cuh.
 //
 // ─── Data layouts (vLLM's; see vllm_volta_fp4/ops/gdn.py for the math) ─────────────────────────────────────────
 // q, k [tokens, H, D] and v, out [tokens, HV, D] fp16, any token/head strides that keep 16-byte rows (vLLM

@@ -1,5 +1,6 @@
-// The Gated-DeltaNet ops' host-side decisions, shared by both host builds: csrc/gdn/gdn.cu (nvcc, <<<>>>) and
-// csrc/driver/gdn_driver.cpp (plain C++, the wheel's kernels through the CUDA driver API): the grids' work units
+// The Gated-DeltaNet ops' host-side decisions, apart from the host code that makes the launches
+// (csrc/driver/gdn_driver.cpp, the kernel image through the CUDA driver API) so that tests compile them alone: the
+// grids' work units
 // from host values only, and the name of every kernel the ops launch (the kernel table the wheel build compiles:
 // tools/sm70_check.py lists the same). Torch- and CUDA-free.
 #pragma once

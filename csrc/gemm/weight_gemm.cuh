@@ -1,7 +1,7 @@
 // Weight-only-quantized GEMM for Volta and newer: y[M,N] = x[M,K] · W[N,K]ᵀ · row_scale[n] + bias[n].
-// Kernel code only (no torch or host headers): included by weight_gemm.cu and by tools/sm70_check.py (NVRTC).
+// Kernel code only (no torch or host headers): compiled by NVRTC into the kernel image (tools/sm70_check.py).
 //
-// ─── Weight layout ("tiles"), produced once at load by prepare_* in weight_gemm.cu ─────────────────────────
+// ─── Weight layout ("tiles"), produced once at load by prepare_* (weight_gemm_driver.cpp) ─────────────────────────
 // W is padded with zeros to Np = N rounded up to kTileN (64) rows and Kp = K rounded up to kTileK (128)
 // columns and cut into tiles of 64 rows × 128 columns. Tile (nt, kt) is one contiguous chunk at byte offset
 // (nt · Kp/128 + kt) · Format::kChunkBytes: the whole weight is one stream of chunks in (row strip, k-tile) order.

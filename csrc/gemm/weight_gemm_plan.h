@@ -1,5 +1,6 @@
-// The GEMM ops' host-side decisions, shared by both host builds: csrc/gemm/weight_gemm.cu (nvcc, <<<>>>) and
-// csrc/driver/weight_gemm_driver.cpp (plain C++, the wheel's kernels through the CUDA driver API). Which path an M
+// The GEMM ops' host-side decisions, apart from the host code that makes the launches
+// (csrc/driver/weight_gemm_driver.cpp, the kernel image through the CUDA driver API) so that tests compile them
+// alone. Which path an M
 // takes, the fused kernel's block rows and split-K, the GEMV's stream-K cut, the dequantize chunking, and the name
 // of every kernel the ops launch (the kernel table the wheel build compiles: tools/sm70_check.py lists the same).
 // Torch- and CUDA-free.
@@ -116,7 +117,7 @@ inline std::string dequantize_kernel_name(bool nvfp4) {
   return std::string("volta_fp4::dequantize_tiles_kernel<") + format_name(nvfp4) + ">";
 }
 
-// Every kernel the ops can launch: the kernel table that the driver build must carry.
+// Every kernel the ops can launch: the kernel table that the kernel image must carry.
 inline std::vector<std::string> launched_kernel_names() {
   std::vector<std::string> names;
   for (const bool sm70 : {true, false})

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call for the attention kernels: build the extension for the GPU at hand, run the attention GPU
-# tests, run the attention benchmark. Logs and the table go to $OUT.
+# One device call for the attention kernels: the carried wheel's extension (carry ["dist"]), the attention GPU
+# tests, the attention benchmark. Logs and the table go to $OUT.
 # Usage: scripts/gpu/run_attention_gpu.sh [quick] [e2e | e2e-only]
 #   e2e: also run vLLM end to end with our backend (benchmarks/attention_e2e.py); needs the shared gpu-vllm-kit
 #   made here into .gpu-kit (bash scripts/gpu/make_gpu_kit.sh) and carried: carry [".gpu-kit"].

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the two-GPU kind (nvidia-h200-x2) for the whole vLLM end-to-end story, both vLLM versions:
-#   here:   bash scripts/gpu/make_gpu_kit.sh 0.20.2 && bash scripts/gpu/make_gpu_kit.sh 0.19.1
-#   device: kind nvidia-h200-x2, carry [".gpu-kit-0.20.2", ".gpu-kit-0.19.1", ".gpu-kit-wheels"],
+#   here:   bash tools/build_wheel.sh && bash scripts/gpu/make_gpu_kit.sh 0.20.2 && bash scripts/gpu/make_gpu_kit.sh 0.19.1
+#   device: kind nvidia-h200-x2, carry ["dist", ".gpu-kit-0.20.2", ".gpu-kit-0.19.1", ".gpu-kit-wheels"],
 #           COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_e2e_gpu.sh
 # Phase 1, side by side: GPU 0 and a quarter of the CPU cores measure engine throughput alone
 # (benchmarks/throughput_e2e.py, vLLM 0.20.2; the engine is CPU-bound in eager mode, so it gets cores of its own);
@@ -77,6 +77,5 @@ fi
 step "done"
 # At most 8 files come back from $OUT: keep the results and the logs of what failed.
 rm -f "$OUT"/kit-install-*.log "$OUT/gpu.txt"
-(( status == 0 )) && rm -f "$OUT/build.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
 exit $status

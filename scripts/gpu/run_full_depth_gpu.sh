@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The seeds' benchmark at full depth (Qwen3.8-27B shape, 64 layers, vocabulary 248,320) on one H200, in stages that
 # each fit one device call (10 min), 64 GB of disk and the session's 30 device-minutes:
-#   here:   bash scripts/gpu/make_gpu_kit.sh 0.20.2
-#   device: kind nvidia-h200, carry [".gpu-kit-0.20.2", ".gpu-kit-wheels", ".prebuilt"], one call per stage, back
+#   here:   bash tools/build_wheel.sh && bash scripts/gpu/make_gpu_kit.sh 0.20.2
+#   device: kind nvidia-h200, carry ["dist", ".gpu-kit-0.20.2", ".gpu-kit-wheels"], one call per stage, back
 #           to back (the machine keeps /tmp only while warm: 30 s idle; a cold machine redoes build + kit +
 #           checkpoint, ~3-4 min of the call):
 #     STAGE=1 COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_full_depth_gpu.sh
@@ -13,6 +13,8 @@
 #   3  the same three engines at max-model-len 8192, default mode
 #   4  eager mode: w4a16, fp16 and fp16-offload at 4096 and 8192
 #   5  the ModelOpt mixed checkpoint (a second ~19 GB) and mixed:default:4096,8192
+#   6  issue #16's MTP round cost at full depth on the W4A16 checkpoint (it carries the MTP module): a plain engine
+#      and K in ${KS:-3} (benchmarks/mtp_round_cost.py --model), default mode
 # Device time: the engine starts dominate (27B weights from page cache, torch.compile, CUDA graphs); stages 1-3 are
 # planned for one session's 30 minutes, 4-5 for the next. PAIRS="w4a16:eager:4096 …" overrides a stage's list.
 # Every stage appends its rows to /tmp/full-depth/results.json (replacing rows of the same engine, mode and
@@ -30,7 +32,8 @@ case $STAGE in
   3) stage_pairs="w4a16:default:8192 fp16:default:8192 fp16-offload:default:8192" ;;
   4) stage_pairs="w4a16:eager:4096,8192 fp16:eager:4096,8192 fp16-offload:eager:4096,8192" ;;
   5) stage_pairs="mixed:default:4096,8192"; formats=ct-w4a16,modelopt-mixed ;;
-  *) echo "STAGE must be 1-5"; exit 2 ;;
+  6) stage_pairs="" ;;
+  *) echo "STAGE must be 1-6"; exit 2 ;;
 esac
 PAIRS=${PAIRS:-$stage_pairs}
 formats=${formats:-ct-w4a16}
@@ -65,11 +68,17 @@ for pair in $PAIRS; do
     --preload scripts/gpu/uva_view_standin.py > "$OUT/bench-$engine-$mode-${lengths//,/-}.log" 2>&1 || status=1
   grep -E "^wrote|Error|error:|tok/s" "$OUT/bench-$engine-$mode-${lengths//,/-}.log" | tail -6
 done
+if (( STAGE == 6 )); then
+  step "MTP round cost at full depth, K = ${KS:-3}"
+  GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" timeout "$(seconds_left)" \
+    python3 benchmarks/mtp_round_cost.py --model "$WORK/ct-w4a16" --ks "${KS:-3}" --out "$OUT/mtp-round-cost-64.md" \
+    --commit "${COMMIT:-uncommitted}" > "$OUT/mtp-round-cost-64.log" 2>&1 || status=1
+  cat "$OUT/mtp-round-cost-64.md" 2> /dev/null || tail -20 "$OUT/mtp-round-cost-64.log"
+fi
 cp "$WORK/results.json" "$OUT/full-depth-results.json" 2>/dev/null
 [[ -f "$OUT/full-depth-27b-h200.md" ]] && cat "$OUT/full-depth-27b-h200.md"
 step done
 # At most 8 files come back: the table, the plot, the rows, and the logs in one archive.
 rm -f "$OUT"/kit-install-*.log "$OUT/gpu.txt"
-(( status == 0 )) && rm -f "$OUT/build.log"
 tar czf "$OUT/full-depth-logs-stage$STAGE.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
 exit $status

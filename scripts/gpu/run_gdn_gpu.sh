@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the Gated DeltaNet kernels: build the extension for the GPU at hand, run the GDN GPU tests
+# One device call for the Gated DeltaNet kernels: the carried wheel's extension (carry ["dist"]), the GDN GPU tests
 # (4 workers), summarise their errors against the float64 references, run the GDN benchmark. Logs and the tables go
 # to $OUT. Usage: OUT=... COMMIT=<hash> bash scripts/gpu/run_gdn_gpu.sh
 # VERSIONS="0.20.2 0.19.1": the benchmark runs once per vLLM kit instead, each table with that vLLM's Triton kernels

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: build the extension for the GPU at hand, run the GPU tests, run the benchmark.
+# One device call (carry ["dist"]: bash tools/build_wheel.sh here): the wheel's extension, the GPU tests, the benchmark.
 # Logs and the table go to $OUT (the device tool brings them back). Usage: scripts/gpu/run_gpu.sh [quick] [notests]
 set -uo pipefail
 source scripts/gpu/gpu_build.sh

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call (nvidia-h200) for issue #16, MTP speculative decoding, both vLLM versions:
-#   here:   bash scripts/gpu/make_gpu_kit.sh 0.20.2 && bash scripts/gpu/make_gpu_kit.sh 0.19.1
+#   here:   bash tools/build_wheel.sh && bash scripts/gpu/make_gpu_kit.sh 0.20.2 && bash scripts/gpu/make_gpu_kit.sh 0.19.1
 #           python -m devkit.mtp_training --out .mtp-trained   (the trained tiny checkpoint, CPU, ~2 min)
-#   device: carry [".gpu-kit-0.20.2", ".gpu-kit-0.19.1", ".gpu-kit-wheels", ".mtp-trained", ".prebuilt"],
+#   device: carry ["dist", ".gpu-kit-0.20.2", ".gpu-kit-0.19.1", ".gpu-kit-wheels", ".mtp-trained"],
 #           COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/run_mtp_gpu.sh
 # 1. tests/gpu/test_mtp_lossless.py (every format, K 1/3, batch 1/4, eager and default mode) under each version,
 #    and beside them benchmarks/mtp_acceptance_vllm.py on .mtp-trained (vLLM's acceptance length, default mode);

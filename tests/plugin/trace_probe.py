@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_FILES = ("csrc/gemm/weight_gemm.cu", "csrc/attention/attention.cu", "csrc/gdn/gdn.cu")
+SCHEMA_FILES = ("csrc/driver/weight_gemm_driver.cpp", "csrc/driver/attention_driver.cpp", "csrc/driver/gdn_driver.cpp")
 
 
 def extension_schemas() -> list[str]:

@@ -1,10 +1,10 @@
 """The Qwen3.5 hybrid shapes of vllm_volta_fp4.testing.tiny_model: the benchmark's Qwen3.8-27B-width layers (built on
-the
-meta device: names and shapes without values) against the real model's config, and the meta build against the
+the meta device: names and shapes without values) against the real model's config, and the meta build against the
 materialised tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -66,16 +66,18 @@ def test_meta_build_matches_the_materialised_tiny_model():
     assert (materialised["model.language_model.layers.0.linear_attn.norm.weight"] == 1).all()
 
 
+@pytest.mark.parametrize("mtp_layers", [0, 1], ids=["plain", "mtp"])
 @pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
-def test_streamed_hybrid_checkpoint_is_valid_and_laid_out_like_the_dense_writer(tmp_path, fmt):
+def test_streamed_hybrid_checkpoint_is_valid_and_laid_out_like_the_dense_writer(tmp_path, fmt, mtp_layers):
     """stream_hybrid_checkpoint (full-depth benchmarks) writes what make_checkpoint writes for the same shape:
-    the same tensor names, shapes and dtypes, a valid checkpoint, one shard per few layers."""
+    the same tensor names, shapes and dtypes and the same quantization config (the MTP module excluded), a valid
+    checkpoint, one shard per few layers."""
     from safetensors import safe_open
 
     from vllm_volta_fp4.format.checkpoint import Checkpoint
     from vllm_volta_fp4.testing.tiny_model import make_checkpoint, stream_hybrid_checkpoint, tiny_arch
 
-    shape = tiny_arch("qwen3_5")
+    shape = dataclasses.replace(tiny_arch("qwen3_5"), mtp_layers=mtp_layers)
     lines = []
     streamed = stream_hybrid_checkpoint(tmp_path / "streamed", shape, fmt, layers_per_shard=2, progress=lines.append)
     dense = make_checkpoint(tmp_path / "dense", shape, fmt)
@@ -92,6 +94,14 @@ def test_streamed_hybrid_checkpoint_is_valid_and_laid_out_like_the_dense_writer(
         return found
 
     assert layout(streamed) == layout(dense)
-    assert len(lines) == 1 + shape.layers // 2 + 1  # embeddings + vision, layer shards, lm_head
+    assert any(name.startswith("mtp.") for name in layout(streamed)) == bool(mtp_layers)
+    assert len(lines) == 1 + shape.layers // 2 + mtp_layers + 1  # embeddings + vision, layers, MTP, lm_head
+
+    def quant_config(path):
+        separate = path / "hf_quant_config.json"
+        return json.loads(separate.read_text()) if separate.exists() else \
+            json.loads((path / "config.json").read_text())["quantization_config"]
+
+    assert quant_config(streamed) == quant_config(dense)
     config = json.loads((streamed / "config.json").read_text())
     assert config["text_config"]["num_hidden_layers"] == shape.layers

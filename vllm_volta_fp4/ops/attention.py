@@ -1,5 +1,5 @@
-"""Paged attention over vLLM's KV cache: the CUDA ops (csrc/attention/attention.cuh, attention.cu) and a pure-torch
-reference that is both the CPU fallback and the test oracle.
+"""Paged attention over vLLM's KV cache: the CUDA ops (csrc/attention/attention.cuh, driver/attention_driver.cpp)
+and a pure-torch reference that is both the CPU fallback and the test oracle.
 
 Layouts (the backend's choice, see csrc/attention/attention.cuh for the kernels' view):
   * ``kv_cache``: [num_blocks, 2, block_size, num_kv_heads, head_size] fp16; ``[:, 0]`` keys, ``[:, 1]`` values.

@@ -1,5 +1,5 @@
 """Gated DeltaNet (the linear-attention layers of Qwen3-Next / Qwen3.5 / Qwen3.8): the CUDA ops (csrc/gdn/gdn.cuh,
-gdn.cu) and pure-torch references that are both the CPU fallback and the test oracle.
+driver/gdn_driver.cpp) and pure-torch references that are both the CPU fallback and the test oracle.
 
 What one GDN layer computes between its input and output projections, in vLLM's conventions (0.19.1 and 0.20.2):
   1. causal depthwise conv1d (width 4) over the fused q|k|v channels, SiLU, with a per-sequence conv state that

@@ -35,7 +35,8 @@ def runs_on(x: torch.Tensor) -> bool:
 
 def _require_extension() -> None:
     if not _OPS.loaded:
-        raise RuntimeError("vllm_volta_fp4._C is not built (pip install --no-build-isolation -e . with CUDA torch)")
+        raise RuntimeError("vllm_volta_fp4._C is not installed (install the wheel; from a checkout: "
+                           "bash tools/build_wheel.sh && pip install dist/vllm_volta_fp4-*.whl)")
 
 
 def prepare_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor,

@@ -389,27 +389,37 @@ def stream_hybrid_checkpoint(dest: str | Path, shape: HybridArch, fmt: str = "ct
     """Write a random Qwen3_5ForConditionalGeneration of ``shape`` as an NVFP4 checkpoint in producer format
     ``fmt``, one decoder layer at a time: each layer's float32 weights are made on ``device``, quantized there and
     written with the other layers of its shard (``layers_per_shard`` layers a file; embeddings and the vision tower
-    first, lm_head last), so memory holds one shard of quantized tensors, never the dense model. Names and shapes
-    are transformers' own (the model built on the meta device); values follow its initialisation rules
-    (_initial_tensor). ``vocab`` (default: the local tokenizer's) sets the vocabulary, e.g. 248,320 for the real
-    model; token ids beyond the tokenizer's are never produced by it but exist in the embeddings and lm_head."""
+    first, then the layers, then ``shape.mtp_layers``' MTP module as make_checkpoint writes it, lm_head last), so
+    memory holds one shard of quantized tensors, never the dense model. Names and shapes are transformers' own (the
+    model built on the meta device); values follow its initialisation rules (_initial_tensor). ``vocab`` (default:
+    the local tokenizer's) sets the vocabulary, e.g. 248,320 for the real model; token ids beyond the tokenizer's
+    are never produced by it but exist in the embeddings and lm_head."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     vocab = max(vocab or 0, write_tokenizer(dest))
     config = qwen3_5_config(shape, vocab)
     names = {name: tuple(t.shape) for name, t in qwen3_5_model(config, device="meta").state_dict().items()}
+    mtp: dict[str, torch.Tensor] = {}
+    if shape.mtp_layers:  # the MTP module (16-bit, excluded as real exports ship it): one shard before lm_head
+        from vllm_volta_fp4.testing.mtp_head import mtp_weights
+
+        mtp = mtp_weights(config, seed + 1)
+        names.update({name: tuple(t.shape) for name, t in mtp.items()})
     _write_configs(dest, config, fmt, names)
-    groups: list[list[str]] = [[n for n in names if _layer_of(n) is None and not n.startswith("lm_head")]]
+    model = [n for n in names if n not in mtp]
+    groups: list[list[str]] = [[n for n in model if _layer_of(n) is None and not n.startswith("lm_head")]]
     for first in range(0, shape.layers, layers_per_shard):
-        groups.append([n for n in names if _layer_of(n) in range(first, first + layers_per_shard)])
-    groups.append([n for n in names if n.startswith("lm_head")])
+        groups.append([n for n in model if _layer_of(n) in range(first, first + layers_per_shard)])
+    groups += [list(mtp)] if mtp else []
+    groups.append([n for n in model if n.startswith("lm_head")])
     generator = torch.Generator(device=device).manual_seed(seed)
     weight_map, total = {}, 0
     for index, group in enumerate(groups):
         file = f"model-{index + 1:05d}-of-{len(groups):05d}.safetensors"
         tensors: dict[str, torch.Tensor] = {}
         for layer in dict.fromkeys(_layer_of(n) for n in group):  # one layer's dense weights at a time
-            dense = {n: _initial_tensor(n, names[n], generator, device) for n in group if _layer_of(n) == layer}
+            dense = {n: mtp[n].to(device) if n in mtp else _initial_tensor(n, names[n], generator, device)
+                     for n in group if _layer_of(n) == layer}
             tensors.update({n: t.contiguous().cpu() for n, t in _quantize_tensors(dense, fmt).items()})
             del dense
         save_file(tensors, str(dest / file), metadata={"format": "pt"})

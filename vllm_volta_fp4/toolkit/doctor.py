@@ -14,7 +14,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +27,10 @@ OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 VLLM_PIN = "0.19.1"  # the last vLLM release with sm_70 kernels (built with CUDA 12.9, torch 2.10)
 TARGET_CAPABILITY = (7, 0)  # checked for when no GPU is visible: what this package is for
 TORCH_FOR_V100 = 'pip install "torch==2.10.0"  # PyPI build: CUDA 12.8, still has sm_70 kernels'
-BUILD_EXTENSION = "TORCH_CUDA_ARCH_LIST=7.0 pip install --no-build-isolation vllm-volta-fp4  (CUDA 12.x nvcc)"
+BUILD_EXTENSION = ("pip install --force-reinstall vllm-volta-fp4  (the wheel ships the kernels; from a checkout: "
+                   "bash tools/build_wheel.sh && pip install dist/vllm_volta_fp4-*.whl)")
 
 _NVML_SUCCESS, _NVML_DRIVER_NOT_LOADED, _NVML_LIB_RM_VERSION_MISMATCH = 0, 9, 18
-_FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
-_FATBIN_PTX, _FATBIN_ELF, _FATBIN_ELF_ALT = 0x01, 0x02, 0x10
 
 
 @dataclass(frozen=True)
@@ -147,41 +145,14 @@ def _probe_vllm(env: Environment) -> None:
         env.vllm_version, env.vllm_distribution = importlib.import_module("vllm").__version__, "vllm"
 
 
-def cuda_code_in(library: str | Path) -> set[str]:
-    """CUDA code embedded in a shared library, read from its fatbin containers: "sm_XX" for machine code (ELF
-    cubins), "compute_XX" for PTX. Same answer as ``cuobjdump --list-elf --list-ptx``, without the CUDA toolkit."""
-    data = Path(library).read_bytes()
-    found: set[str] = set()
-    start = data.find(_FATBIN_MAGIC)
-    while start != -1:
-        version, header_size, body_size = struct.unpack_from("<HHQ", data, start + 4) if start + 16 <= len(data) \
-            else (0, 0, 0)
-        end = start + header_size + body_size
-        if version == 1 and header_size == 16 and end <= len(data):
-            entry = start + header_size
-            while entry + 32 <= end:
-                kind, entry_header_size, payload_size = struct.unpack_from("<HxxIQ", data, entry)
-                (arch,) = struct.unpack_from("<I", data, entry + 28)
-                if entry_header_size == 0:
-                    break
-                if kind == _FATBIN_PTX:
-                    found.add(f"compute_{arch}")
-                elif kind in (_FATBIN_ELF, _FATBIN_ELF_ALT):
-                    found.add(f"sm_{arch}")
-                entry += entry_header_size + payload_size
-        start = data.find(_FATBIN_MAGIC, start + 4)
-    return found
-
-
 def _probe_extension(env: Environment) -> None:
     spec = importlib.util.find_spec("vllm_volta_fp4._C")
     if spec is None or spec.origin is None:
         return
     env.extension_path = spec.origin
-    # The wheel's driver-API build ships its kernel image beside the extension (kernels/image.sm_70.cubin, …).
-    image = {f.name.split(".")[1] for f in (Path(spec.origin).parent / "kernels").glob("image.*.*")
-             if f.suffix in (".cubin", ".ptx") and f.name.split(".")[1] != "compute_70"}
-    env.extension_code = cuda_code_in(spec.origin) | image
+    # The extension ships its kernels beside it as an image (kernels/image.sm_70.cubin, image.compute_80.ptx, …).
+    env.extension_code = {f.name.split(".")[1] for f in (Path(spec.origin).parent / "kernels").glob("image.*.*")
+                          if f.suffix in (".cubin", ".ptx") and f.name.split(".")[1] != "compute_70"}
     try:
         import torch  # noqa: F401  (the driver-API build resolves libtorch from the process)
 
