@@ -7,7 +7,15 @@ dense contiguous [B, H, S, D] tensors with enable_gqa (it does not read a paged 
 cache with 16-token blocks in random order. Outputs are checked against SDPA before timing; times are CUDA-event
 medians of repeated calls after warm-up. Prints and writes a markdown table.
 
+``--decode-sweep``: decode alone (issue #17's table), SM80 atom, head_dim 64/128/256 at GQA 6:1 and 8:1, batch
+1…64, context 128…32768, GPU time per call (launch hidden, as under CUDA graphs) with the kernel's own split count
+— for ``max_seq_len`` = the context (eager) and = the longest context (what a FULL CUDA graph passes: the engine's
+max_model_len) — and with every forced split count, the best of which is reported; the share of the KV bytes'
+time against a device copy measured in the same run. The cache is random on the GPU (no dense copy), each case's
+outputs are NaN-free and agree across split counts, and each shape's outputs are checked against SDPA once.
+
     python benchmarks/bench_attention.py --out benchmarks/results/attention-h200.md [--quick]
+    python benchmarks/bench_attention.py --decode-sweep --out benchmarks/results/attention-decode-h200.md
 """
 
 from __future__ import annotations
@@ -29,6 +37,13 @@ MODELS = [("qwen3.8-27b", 24, 4, 256), ("llama-like", 32, 8, 128)]
 PREFILL_LENGTHS = [1024, 4096]
 DECODE_CASES = [(1, 4096), (16, 4096), (64, 1024)]  # (batch, context)
 BLOCK_SIZE = 16
+# --decode-sweep: (name, num_heads, num_kv_heads, head_size), issue #17's shapes
+SWEEP_MODELS = [("d256 GQA 6:1 (Qwen3.8-27B)", 24, 4, 256), ("d256 GQA 8:1", 32, 4, 256),
+                ("d128 GQA 6:1", 24, 4, 128), ("d128 GQA 8:1", 32, 4, 128),
+                ("d64 GQA 6:1", 24, 4, 64), ("d64 GQA 8:1", 32, 4, 64)]
+SWEEP_BATCHES = [1, 4, 16, 64]
+SWEEP_CONTEXTS = [128, 512, 2048, 4096, 8192, 32768]
+SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64]
 
 
 def run_case(kind: str, model: tuple, batch_size: int, length: int, repeats: int) -> dict:
@@ -71,13 +86,87 @@ def run_case(kind: str, model: tuple, batch_size: int, length: int, repeats: int
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--commit", default="uncommitted")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    repeats = 5 if args.quick else 20
+def copy_bandwidth(gib: float = 2.0) -> float:
+    """Bytes per second of a device-to-device copy (read + write counted), the HBM reference of the sweep."""
+    source = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    ms = median_ms(lambda: target.copy_(source), 10)
+    return 2 * source.numel() / (ms / 1e3)
+
+
+def random_decode_batch(batch_size: int, context: int, kv_heads: int, head_size: int, seed: int) -> dict:
+    """One new token per sequence over ``context`` cached tokens (its own included), blocks in random order; random
+    keys and values made on the GPU: no dense copy, so 32K contexts at batch 64 fit and are quick to make."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    blocks_per_seq = (context + BLOCK_SIZE - 1) // BLOCK_SIZE
+    num_blocks = batch_size * blocks_per_seq
+    order = torch.randperm(num_blocks, generator=generator, device="cuda").to(torch.int32)
+    kv_cache = torch.randn((num_blocks, 2, BLOCK_SIZE, kv_heads, head_size), generator=generator, device="cuda",
+                           dtype=torch.float16)
+    return {"kv_cache": kv_cache, "block_table": order.view(batch_size, blocks_per_seq),
+            "query_start_loc": torch.arange(batch_size + 1, dtype=torch.int32, device="cuda"),
+            "seq_lens": torch.full((batch_size,), context, dtype=torch.int32, device="cuda")}
+
+
+def sweep_case(model: tuple, batch_size: int, context: int, repeats: int, bandwidth: float) -> dict:
+    name, heads, kv_heads, head_size = model
+    batch = random_decode_batch(batch_size, context, kv_heads, head_size, seed=context + batch_size)
+    query = torch.randn((batch_size, heads, head_size), device="cuda", dtype=torch.float16)
+    scale = 1.0 / math.sqrt(head_size)
+
+    def timed(max_seq_len: int, splits: int) -> tuple[float, torch.Tensor]:
+        out = torch.full_like(query, float("nan"))
+
+        def call():
+            attention.paged_attention(query, batch["kv_cache"], batch["block_table"], batch["query_start_loc"],
+                                      batch["seq_lens"], max_seq_len, scale, out=out, mma=80, num_splits=splits)
+
+        call()
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), f"{name} B={batch_size} ctx={context} splits={splits}: NaN in the output"
+        return median_ms(call, repeats, hide_launch=True) * 1e3, out
+
+    eager_us, expected = timed(context, 0)
+    graph_us, graph_out = timed(max(SWEEP_CONTEXTS), 0)
+    forced = {}
+    for splits in SWEEP_SPLITS:
+        if splits <= (context + 63) // 64:  # at most one split per 64-key tile is meaningful
+            forced[splits], out = timed(context, splits)
+            for other in (out, graph_out):  # every split count computes the same attention
+                error = float((other.float() - expected.float()).abs().max())
+                assert error < 2e-3, f"{name} B={batch_size} ctx={context} splits={splits}: differs by {error}"
+    best = min(forced, key=forced.get)
+    kv_bytes = 2 * batch_size * context * kv_heads * head_size * 2
+    row = {"model": name, "batch": batch_size, "context": context, "eager_us": eager_us, "graph_us": graph_us,
+           "best_splits": best, "best_us": forced[best],
+           **{f"{key}_hbm": kv_bytes / (us / 1e6) / bandwidth for key, us in
+              (("eager", eager_us), ("graph", graph_us), ("best", forced[best]))}}
+    print(row, flush=True)
+    return row
+
+
+def decode_sweep(args, repeats: int) -> str:
+    bandwidth = copy_bandwidth()
+    for model in SWEEP_MODELS:  # each shape against SDPA once, on a dense-referenced batch
+        run_case("decode", model, 2, 300, 3)
+    rows = [sweep_case(model, batch, context, repeats, bandwidth)
+            for model in SWEEP_MODELS for batch in SWEEP_BATCHES for context in SWEEP_CONTEXTS]
+    lines = [f"# Paged attention decode sweep — {torch.cuda.get_device_name()}", "",
+             f"{datetime.date.today()}, commit {args.commit}, torch {torch.__version__}, SM80 atom, fp16, "
+             f"{BLOCK_SIZE}-token blocks in random order. GPU µs per call (median of {repeats}, launch hidden). "
+             "eager: the kernel's split count for max_seq_len = the context; graph: for max_seq_len = "
+             f"{max(SWEEP_CONTEXTS)} (what a FULL CUDA graph passes); best: the fastest forced split count. "
+             f"HBM: the KV bytes' rate against a device copy in the same run ({bandwidth / 1e12:.2f} TB/s).", "",
+             "| shape | batch | context | eager µs | graph µs | best µs (splits) | eager HBM | graph HBM | best HBM |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['batch']} | {r['context']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | "
+                     f"{r['best_us']:.1f} ({r['best_splits']}) | {r['eager_hbm']:.0%} | {r['graph_hbm']:.0%} | "
+                     f"{r['best_hbm']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(args, repeats: int) -> str:
     rows = []
     for model in MODELS:
         for length in PREFILL_LENGTHS:
@@ -97,7 +186,20 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['case']} | {r['sdpa_ms']:.3f} | {r['sm80_ms']:.3f} | {r['sm80_ms'] / r['sdpa_ms']:.2f} | "
                      f"{r['sm70_ms']:.3f} | {r['sm70_ms'] / r['sdpa_ms']:.2f} | {r['work']} |")
-    table = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--commit", default="uncommitted")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--decode-sweep", action="store_true", help="issue #17's decode table instead")
+    args = parser.parse_args()
+    repeats = 5 if args.quick else 20
+    table = (decode_sweep if args.decode_sweep else comparison_table)(args, repeats)
     print(table)
     with open(args.out, "w") as handle:
         handle.write(table)
