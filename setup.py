@@ -24,20 +24,26 @@ def _say(message: str) -> None:
     print(f"vllm-volta-fp4 build: {message}", file=sys.stderr)
 
 
-def _why_extension_cannot_build(torch_include: str | None) -> str | None:
-    """Why the extension cannot be built here, checked before any compilation; None when it can."""
+def _sm70_check():
+    """tools/sm70_check.py, the kernel-image compiler (NVRTC + ptxas), which the sdist carries."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
     import sm70_check
 
-    try:
-        sm70_check.find_toolchain()
-    except sm70_check.ToolchainMissing as error:
-        return str(error)
+    return sm70_check
+
+
+def _why_extension_cannot_build(torch_include: str | None) -> str | None:
+    """Why the extension cannot be built here, checked before any compilation; None when it can."""
     if torch_include is None:
         return ("no torch headers: set VLLM_VOLTA_FP4_TORCH_INCLUDE to a torch >= 2.10 include directory or build "
                 "with torch installed (pip's --no-build-isolation); tools/build_wheel.sh does both")
     if not os.path.isfile(os.path.join(torch_include, "torch", "csrc", "stable", "library.h")):
         return f"{torch_include} has no torch/csrc/stable/library.h (torch >= 2.10's headers are needed)"
+    sm70_check = _sm70_check()
+    try:
+        sm70_check.find_toolchain()
+    except sm70_check.ToolchainMissing as error:
+        return str(error)
     return None
 
 
@@ -68,8 +74,7 @@ def _extension(torch_include: str) -> tuple[list, dict]:
         command, not at import, so that the setup.py runs that only ask for metadata compile nothing."""
 
         def run(self):
-            import sm70_check  # on sys.path since _why_extension_cannot_build
-
+            sm70_check = _sm70_check()
             _say("compiling the kernel image with NVRTC + ptxas (sm_70 cubin, compute_80 PTX)")
             reports = sm70_check.build_image(sm70_check.REPO / sm70_check.IMAGE_DIR)
             _say(f"{len(reports)} kernels, sm_70 machine code for each")

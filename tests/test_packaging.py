@@ -47,7 +47,7 @@ def test_a_wheel_from_the_sdist_fails_loudly_when_the_extension_cannot_be_built(
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "VLLM_VOLTA_FP4_BUILD_EXT=1 but the CUDA extension cannot be built" in output
-    assert "torch/csrc/stable/library.h" in output or "NVRTC" in output or "nvrtc" in output
+    assert f"{tmp_path} has no torch/csrc/stable/library.h" in output
     assert not list(tmp_path.glob("*.whl"))
 
 

@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import sm70_check  # noqa: E402
 
+from tests.plugin.trace_probe import extension_schemas  # noqa: E402
+
 
 def _toolchain_or_skip() -> None:
     try:
@@ -60,13 +62,8 @@ def test_image_build_gives_each_kernel_sm70_machine_code(tmp_path):
 
 
 def _defined_ops() -> dict[str, str]:
-    """{op name: schema} of every ``m.def("…" "…")`` of the host code (adjacent literals joined)."""
-    schemas = {}
-    for path in sorted((REPO / "csrc" / "driver").glob("*.cpp")):
-        for match in re.finditer(r'm\.def\(((?:\s*"[^"]*")+)', path.read_text()):
-            schema = "".join(re.findall(r'"([^"]*)"', match.group(1)))
-            schemas[schema.split("(", 1)[0]] = schema
-    return schemas
+    """{op name: schema} of every op the host code defines (read as the trace probe reads them)."""
+    return {schema.split("(", 1)[0]: schema for schema in extension_schemas()}
 
 
 def _python_ops(pattern: str) -> set[str]:

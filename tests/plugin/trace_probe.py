@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_FILES = ("csrc/driver/weight_gemm_driver.cpp", "csrc/driver/attention_driver.cpp", "csrc/driver/gdn_driver.cpp")
 
 
 def extension_schemas() -> list[str]:
-    """Every op schema the extension defines, as its TORCH_LIBRARY blocks spell them (adjacent literals joined)."""
+    """Every op schema the extension defines, as its host code's STABLE_TORCH_LIBRARY blocks spell them (adjacent
+    literals joined)."""
     schemas = []
-    for name in SCHEMA_FILES:
-        source = (ROOT / name).read_text()
+    for path in sorted((ROOT / "csrc" / "driver").glob("*.cpp")):
+        source = path.read_text()
         for literals in re.findall(r'm\.def\(\s*((?:"[^"]*"\s*)+)', source):
             schemas.append("".join(re.findall(r'"([^"]*)"', literals)))
     return schemas
