@@ -37,6 +37,7 @@ FORMATS = ("Nvfp4Format", "Fp8Format")
 BLOCK_ROWS = (16, 32, 64)  # the BM values the GEMM ops launch (gemm/weight_gemm_plan.h)
 GEMV_ROWS = tuple(range(1, 9))  # the M values of weight_gemv_kernel (PATH_GEMV, M <= kGemvMaxM)
 ATTENTION_HEAD_SIZES = (64, 128, 256)
+ATTENTION_BLOCK_ROWS = (64, 16)  # prefill and decode blocks (attention/attention_shape.h)
 GDN_HEAD_DIMS = (64, 128)
 GDN_STATE_TYPES = ("float", "uint16_t")  # the state cache in float32 or fp16
 GDN_CONV_WIDTHS = (2, 3, 4)
@@ -77,7 +78,8 @@ def kernel_expressions() -> list[str]:
     names += [f"{ns}weight_gemv_kernel<{ns}{a}, {ns}{f}, {r}>" for a in MMA_ATOMS for f in FORMATS for r in GEMV_ROWS]
     names += [f"{ns}dequantize_tiles_kernel<{ns}{f}>" for f in FORMATS]
     ns_attention = f"{ns}attention::"
-    names += [f"{ns_attention}paged_attention_kernel<{ns}{a}, {d}>" for a in MMA_ATOMS for d in ATTENTION_HEAD_SIZES]
+    names += [f"{ns_attention}paged_attention_kernel<{ns}{a}, {d}, {r}>"
+              for a in MMA_ATOMS for d in ATTENTION_HEAD_SIZES for r in ATTENTION_BLOCK_ROWS]
     names += [f"{ns_attention}combine_splits_kernel<{d}>" for d in ATTENTION_HEAD_SIZES]
     names += [f"{ns_attention}write_kv_cache_kernel"]
     ns_gdn = f"{ns}gdn::"
@@ -102,8 +104,8 @@ def gemm_smem_exports() -> list[str]:
 
 
 def attention_smem_exports() -> list[str]:
-    return [f"__device__ int attention_smem_bytes_d{d} = volta_fp4::attention::attention_smem_bytes({d});"
-            for d in ATTENTION_HEAD_SIZES]
+    return [f"__device__ int attention_smem_bytes_d{d}_r{r} = volta_fp4::attention::attention_smem_bytes({d}, {r});"
+            for d in ATTENTION_HEAD_SIZES for r in ATTENTION_BLOCK_ROWS]
 
 
 def gdn_smem_exports() -> list[str]:
@@ -143,7 +145,9 @@ def attention_kernel_source() -> str:
     """Every attention kernel the extension launches on a Volta GPU (the SM70 atom only)."""
     lines = ['#include "attention/attention.cuh"', "namespace volta_fp4 { namespace attention {"]
     for d in ATTENTION_HEAD_SIZES:
-        lines.append(f"template __global__ void paged_attention_kernel<Sm70Mma, {d}>(const PagedAttentionParams);")
+        for r in ATTENTION_BLOCK_ROWS:
+            lines.append(
+                f"template __global__ void paged_attention_kernel<Sm70Mma, {d}, {r}>(const PagedAttentionParams);")
         lines.append(f"template __global__ void combine_splits_kernel<{d}>(const PagedAttentionParams);")
     lines.append("}}")
     return "\n".join(lines + attention_smem_exports()) + "\n"
@@ -169,8 +173,10 @@ def attention_dynamic_smem(report: KernelReport, ptx: str) -> int:
     """paged_attention_kernel's dynamic shared memory from the header's SmemPlan (exported by the source)."""
     if "paged_attention_kernel" not in report.name:
         return report.dynamic_smem
-    smem = {int(d): int(v) for d, v in re.findall(r"attention_smem_bytes_d(\d+)\s*=\s*(\d+)", ptx)}
-    return smem[int(re.search(r"ELi(\d+)EEEv", report.name).group(1))]
+    smem = {(int(d), int(r)): int(v)
+            for d, r, v in re.findall(r"attention_smem_bytes_d(\d+)_r(\d+)\s*=\s*(\d+)", ptx)}
+    head_size, block_rows = re.search(r"ELi(\d+)ELi(\d+)EEEv", report.name).groups()
+    return smem[int(head_size), int(block_rows)]
 
 
 def gdn_dynamic_smem(report: KernelReport, ptx: str) -> int:
@@ -195,7 +201,9 @@ def gdn_readable(mangled: str) -> str:
 
 def attention_readable(mangled: str) -> str:
     kernel = re.search(r"attention\d+(\w+?_kernel)", mangled).group(1)
-    args = [a for a in MMA_ATOMS if a in mangled] + [f"D={n}" for n in re.findall(r"Li(\d+)E", mangled)]
+    numbers = re.findall(r"Li(\d+)E", mangled)  # head size, then (paged attention) block rows
+    args = [a for a in MMA_ATOMS if a in mangled]
+    args += [f"{key}={n}" for key, n in zip(("D", "rows"), numbers, strict=False)]
     return f"{kernel}<{', '.join(args)}>" if args else kernel
 
 

@@ -18,7 +18,8 @@
 //
 // ─── Work split ────────────────────────────────────────────────────────────────────────────────────────────
 // Grid (row tiles, num_kv_heads, splits). Sequence s owns row tiles tile_base(s) … tile_base(s+1)−1 with
-// tile_base(s) = ⌊query_start_loc[s] · group / 64⌋ + s, which bounds the grid by num_tokens·group/64 +
+// tile_base(s) = ⌊query_start_loc[s] · group / R⌋ + s (R = the block's rows), which bounds the grid by
+// num_tokens·group/R +
 // num_seqs without reading the batch on the host; a block finds its sequence by binary search, and a block
 // past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see: that share is
 // computed here from the block's own key range (⌈tiles / splits⌉), so the host fixes only the split count, and a
@@ -28,14 +29,23 @@
 // past query_start_loc[num_seqs] (vLLM's padding of a captured batch) belong to no sequence: the combine writes
 // zeros there (with one split nothing is written).
 //
-// ─── Block (4 warps, 64 rows, 64-key tiles) ─────────────────────────────────────────────────────────────────
-// Warp w owns rows 16w … 16w+15 (so softmax statistics never leave the warp). Per KV tile:
-//   keys → smem; S = Q·Kᵀ (16 × 64 per warp, fp32); mask; online softmax in fp32 in registers (row max and
-//   rescale, exp2 with the scale folded in); P → smem as fp16; values → smem transposed (Vᵀ, keys contiguous);
-//   O += P·V. Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read:
-//   Q and K store head dims ≥ 128 as a second panel of rows; Vᵀ stores dims ≥ 128 in columns 64 … 127 of the
-//   rows of dims − 128. K and Vᵀ share one buffer (they are not live together), which keeps head_dim 256 at
-//   85 KB, inside Volta's 96 KB per block.
+// ─── Block (4 warps, R = 64 or 16 rows, 64-key tiles) ───────────────────────────────────────────────────────
+// Per KV tile: keys → smem; S = Q·Kᵀ (fp32); mask; online softmax in fp32 in registers (row max and rescale, exp2
+// with the scale folded in); P → smem as fp16; values → smem transposed (Vᵀ, keys contiguous); O += P·V.
+// Prefill blocks (R = 64): warp w owns rows 16w … 16w+15, all 64 keys of S and all head dims of O, so softmax
+//   statistics never leave the warp.
+// Decode blocks (R = 16, the host's choice when sequences have ≤ 16 rows: one token's heads of a GQA group): a
+//   64-row block would leave 3 of 4 warps without rows and hold all of O (128 fp32 registers per lane at
+//   head_dim 256) in one warp, so the tile's K and V loads could not stay in flight. Here all warps share the 16
+//   rows: warp w computes S for keys 16w … 16w+15 of the tile, the row maxima are exchanged through shared memory
+//   (one more barrier per tile, every warp then applies the same maximum, so the partial row sums add up at the
+//   end), and warp w accumulates O for head dims w·D/4 … (w+1)·D/4 − 1 over all 64 keys. O is a quarter of the
+//   prefill block's per lane, which leaves the registers to stage a whole tile's K and V per thread: the values
+//   load while S is computed, the next keys while P·V is.
+// Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read: Q and K store head
+// dims ≥ 128 as a second panel of rows; Vᵀ stores dims ≥ 128 in columns 64 … 127 of the rows of dims − 128. K and
+// Vᵀ share one buffer (they are not live together), which keeps head_dim 256 at 85 KB, inside Volta's 96 KB per
+// block.
 #pragma once
 
 #include "attention/attention_shape.h"
@@ -73,8 +83,9 @@ __device__ __forceinline__ float row_reduce_sum(float v) {
 
 __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
 
+template <int BlockRows>
 __device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq) {
-  return int(int64_t(p.query_start_loc[seq]) * p.group / kBlockRows) + seq;
+  return int(int64_t(p.query_start_loc[seq]) * p.group / BlockRows) + seq;
 }
 
 // Offset (in halves) of head dim `col` of tile row `row` in a Q/K tile stored as panels of 128 dims.
@@ -87,16 +98,21 @@ __device__ __forceinline__ int vt_offset(int dim, int key) {
   return (dim % kPanelCols) * kSmemRowHalves + (dim / kPanelCols) * kTileKeys + key;
 }
 
-template <class Mma, int HeadDim>
+template <class Mma, int HeadDim, int BlockRows>
 __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const PagedAttentionParams p) {
-  using Plan = SmemPlan<HeadDim>;
+  using Plan = SmemPlan<HeadDim, BlockRows>;
+  constexpr bool kDecode = BlockRows == kDecodeRows;  // warps over keys and head dims instead of rows
   constexpr int kChunks = HeadDim / 8;  // 16-byte vectors per row
   constexpr int kStrips = HeadDim / 16;
   constexpr int kKeyStrips = kTileKeys / 16;
+  constexpr int kWarpStrips = kDecode ? kStrips / kWarps : kStrips;     // O: 16-dim strips of a warp
+  constexpr int kWarpKeyStrips = kDecode ? kKeyStrips / kWarps : kKeyStrips;  // S: 16-key strips of a warp
+  static_assert(!kDecode || (kWarpStrips >= 1 && kWarpKeyStrips == 1), "decode blocks: one key strip per warp");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* kv_smem = q_smem + Plan::kQRows * kSmemRowHalves;
   uint16_t* p_smem = kv_smem + Plan::kKvRows * kSmemRowHalves;
+  float* row_stats = reinterpret_cast<float*>(smem_raw + Plan::kHalvesBytes);  // decode: [warp][row]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kv_head = blockIdx.y, split = blockIdx.z;
@@ -104,7 +120,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   int seq = 0;  // the last sequence whose first row tile is at or before this block
   for (int lo = 0, hi = p.num_seqs - 1; lo <= hi;) {
     const int mid = (lo + hi) >> 1;
-    if (tile_base(p, mid) <= int(blockIdx.x)) {
+    if (tile_base<BlockRows>(p, mid) <= int(blockIdx.x)) {
       seq = mid;
       lo = mid + 1;
     } else {
@@ -114,7 +130,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int q_begin = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - q_begin;
   const int rows = q_len * p.group;
-  const int row0 = (int(blockIdx.x) - tile_base(p, seq)) * kBlockRows;
+  const int row0 = (int(blockIdx.x) - tile_base<BlockRows>(p, seq)) * BlockRows;
   if (row0 >= rows) return;
   const int seq_len = p.seq_lens[seq];
   const int context = seq_len - q_len;
@@ -122,7 +138,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 
   // Keys any row of this block can see, as KV tiles; this split takes its share of them.
   const int first_pos = context + row0 / p.group;
-  const int last_pos = context + (min(row0 + kBlockRows, rows) - 1) / p.group;
+  const int last_pos = context + (min(row0 + BlockRows, rows) - 1) / p.group;
   const int key_begin = p.window > 0 ? max(0, first_pos - p.window + 1) : 0;
   const int tiles_begin = key_begin / kTileKeys, tiles_end = (last_pos + kTileKeys) / kTileKeys;
   const int tiles_per_split = (max(tiles_end - tiles_begin, 0) + p.splits - 1) / p.splits;
@@ -130,39 +146,42 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int tile_end = min(tiles_end, tile_first + tiles_per_split);
 
   // Q tile → smem (rows past the sequence are zero).
-  for (int v = tid; v < kBlockRows * kChunks; v += kThreadsPerBlock) {
+  for (int v = tid; v < BlockRows * kChunks; v += kThreadsPerBlock) {
     const int r = v / kChunks, c = (v % kChunks) * 8, row = row0 + r;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (row < rows) {
       const int token = q_begin + row / p.group, head = kv_head * p.group + row % p.group;
       value = *reinterpret_cast<const uint4*>(p.query + token * p.q_token_stride + head * p.q_head_stride + c);
     }
-    *reinterpret_cast<uint4*>(q_smem + panel_offset<kBlockRows>(r, c)) = value;
+    *reinterpret_cast<uint4*>(q_smem + panel_offset<BlockRows>(r, c)) = value;
   }
 
-  // This lane's two rows: validity and query position.
+  // This lane's two rows: validity and query position. The warp's first row, its first key strip of S and its first
+  // 16-dim strip of O (decode blocks: all warps have the block's rows).
+  const int warp_row0 = kDecode ? 0 : warp * kWarpRows;
+  const int key_strip0 = kDecode ? warp : 0, dim_strip0 = kDecode ? warp * kWarpStrips : 0;
   bool row_valid[2];
   int row_pos[2], row_in_warp[2];
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     int col;
     Mma::acc_coord(lane, 2 * slot, row_in_warp[slot], col);
-    const int row = row0 + warp * kWarpRows + row_in_warp[slot];
+    const int row = row0 + warp_row0 + row_in_warp[slot];
     row_valid[slot] = row < rows;
     row_pos[slot] = context + row / p.group;
   }
-  const bool warp_has_rows = row0 + warp * kWarpRows < rows;
+  const bool warp_has_rows = row0 + warp_row0 < rows;
 
-  float o[kStrips][8];
+  float o[kWarpStrips][8];
 #pragma unroll
-  for (int n = 0; n < kStrips; ++n)
+  for (int n = 0; n < kWarpStrips; ++n)
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[n][i] = 0.f;
   float row_max[2] = {negative_infinity(), negative_infinity()};
   float row_sum[2] = {0.f, 0.f};  // this lane's share; summed over the row's lanes at the end
 
-  const uint16_t* q_warp = q_smem + warp * kWarpRows * kSmemRowHalves;
-  uint16_t* p_warp = p_smem + warp * kWarpRows * kSmemRowHalves;
+  const uint16_t* q_warp = q_smem + warp_row0 * kSmemRowHalves;
+  uint16_t* p_warp = p_smem + warp_row0 * kSmemRowHalves;
   const int64_t head_offset = int64_t(kv_head) * p.cache_head_stride;
   auto cache_offset = [&](int key) {
     return int64_t(blocks[key / p.block_size]) * p.cache_block_stride +
@@ -171,12 +190,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 
   // Volta has no asynchronous copy, so KV tiles are staged through registers: the first kStaged of a
   // thread's vectors of a tile are loaded one phase early (a tile's values while S is computed, the next
-  // tile's keys during P·V), the rest when stored. Head_dim 256 stages none: its O accumulators hold the
-  // registers, and staging even one vector measured slower on the H200.
+  // tile's keys during P·V), the rest when stored. Decode blocks stage all of them (half at head_dim 256, where
+  // all spill on sm_70). Prefill blocks at head_dim 256 stage none: their O accumulators hold the registers, and
+  // staging even one vector measured slower on the H200.
   // Key vector v: key v / kChunks, dims (v % kChunks)·8 …; value vector v: key v % 64, dims (v / 64)·8 …
   // (lanes take consecutive keys, so the transposed 2-byte stores of a warp hit distinct words).
   constexpr int kVectorsPerThread = kTileKeys * kChunks / kThreadsPerBlock;
-  constexpr int kStaged = HeadDim == 256 ? 0 : 4;
+  constexpr int kStaged = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
   auto load_vector = [&](const uint16_t* cache, int key0, int key_in_tile, int dim) {
     const int key = key0 + key_in_tile;
     // Keys before key_begin are invisible to every row here, and vLLM may have freed their blocks (sliding
@@ -218,9 +238,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     for (int j = 0; j < kStaged; ++j) staged[j] = load_value_vector(j, key0);
 
     if (warp_has_rows) {
-      float s[kKeyStrips][8];
+      float s[kWarpKeyStrips][8];
 #pragma unroll
-      for (int n = 0; n < kKeyStrips; ++n)
+      for (int n = 0; n < kWarpKeyStrips; ++n)
 #pragma unroll
         for (int i = 0; i < 8; ++i) s[n][i] = 0.f;
       // k outside and partly rolled, strips inside: the Q fragment is shared by the strips, and the registers
@@ -229,44 +249,57 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       for (int k = 0; k < HeadDim; k += Mma::kK) {
         const int panel = k / kPanelCols;
 #pragma unroll
-        for (int n = 0; n < kKeyStrips; ++n) {
+        for (int n = 0; n < kWarpKeyStrips; ++n) {
           typename Mma::template Frags<kWarpRows> f;
-          Mma::template load<kWarpRows>(f, q_warp + panel * kBlockRows * kSmemRowHalves,
-                                        kv_smem + (panel * kTileKeys + n * 16) * kSmemRowHalves, k % kPanelCols,
-                                        lane);
+          Mma::template load<kWarpRows>(f, q_warp + panel * BlockRows * kSmemRowHalves,
+                                        kv_smem + (panel * kTileKeys + (key_strip0 + n) * 16) * kSmemRowHalves,
+                                        k % kPanelCols, lane);
           Mma::template mma<kWarpRows>(s[n], f);
         }
       }
       // Mask, then the online softmax update (log2 domain).
       float tile_max[2] = {negative_infinity(), negative_infinity()};
 #pragma unroll
-      for (int n = 0; n < kKeyStrips; ++n)
+      for (int n = 0; n < kWarpKeyStrips; ++n)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           int row, col;
           Mma::acc_coord(lane, i, row, col);
-          const int slot = row_slot(i), key = key0 + n * 16 + col, pos = row_pos[slot];
+          const int slot = row_slot(i), key = key0 + (key_strip0 + n) * 16 + col, pos = row_pos[slot];
           const bool visible = row_valid[slot] && key <= pos && (p.window <= 0 || pos - key < p.window);
           s[n][i] = visible ? s[n][i] * p.scale_log2 : negative_infinity();
           tile_max[slot] = fmaxf(tile_max[slot], s[n][i]);
         }
+#pragma unroll
+      for (int slot = 0; slot < 2; ++slot) tile_max[slot] = row_reduce_max<Mma>(tile_max[slot]);
+      if constexpr (kDecode) {  // the other warps' keys: every warp takes the maximum over all four, in one order
+#pragma unroll
+        for (int slot = 0; slot < 2; ++slot) row_stats[warp * kWarpRows + row_in_warp[slot]] = tile_max[slot];
+        __syncthreads();  // (all warps have rows here) their keys' maxima are stored
+#pragma unroll
+        for (int slot = 0; slot < 2; ++slot) {
+          tile_max[slot] = row_stats[row_in_warp[slot]];
+#pragma unroll
+          for (int w = 1; w < kWarps; ++w) tile_max[slot] = fmaxf(tile_max[slot], row_stats[w * kWarpRows + row_in_warp[slot]]);
+        }
+      }
       float reference[2];
 #pragma unroll
       for (int slot = 0; slot < 2; ++slot) {
-        const float new_max = fmaxf(row_max[slot], row_reduce_max<Mma>(tile_max[slot]));
+        const float new_max = fmaxf(row_max[slot], tile_max[slot]);
         // A row that has seen no visible key keeps max −inf; subtracting 0 instead keeps exp2 at 0, not NaN.
         reference[slot] = new_max == negative_infinity() ? 0.f : new_max;
         const float rescale = exp2f(row_max[slot] - reference[slot]);
         row_max[slot] = new_max;
         row_sum[slot] *= rescale;
 #pragma unroll
-        for (int n = 0; n < kStrips; ++n)
+        for (int n = 0; n < kWarpStrips; ++n)
 #pragma unroll
           for (int i = 0; i < 8; ++i)
             if (row_slot(i) == slot) o[n][i] *= rescale;
       }
 #pragma unroll
-      for (int n = 0; n < kKeyStrips; ++n)
+      for (int n = 0; n < kWarpKeyStrips; ++n)
 #pragma unroll
         for (int i = 0; i < 8; i += 2) {
           int row, col;
@@ -274,7 +307,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
           const int slot = row_slot(i);
           const float p0 = exp2f(s[n][i] - reference[slot]), p1 = exp2f(s[n][i + 1] - reference[slot]);
           row_sum[slot] += p0 + p1;
-          *reinterpret_cast<uint32_t*>(p_warp + row * kSmemRowHalves + n * 16 + col) = float2_to_half2_rn(p0, p1);
+          *reinterpret_cast<uint32_t*>(p_warp + row * kSmemRowHalves + (key_strip0 + n) * 16 + col) =
+              float2_to_half2_rn(p0, p1);
         }
     }
     __syncthreads();  // every warp is done with the keys
@@ -293,33 +327,47 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 #pragma unroll 2
       for (int k = 0; k < kTileKeys; k += Mma::kK)
 #pragma unroll
-        for (int n = 0; n < kStrips; ++n) {
+        for (int n = 0; n < kWarpStrips; ++n) {
           typename Mma::template Frags<kWarpRows> f;
           // The atom reads P and Vᵀ at the same column k; Vᵀ's column offset for dims ≥ 128 is in the pointer.
-          Mma::template load<kWarpRows>(f, p_warp, kv_smem + vt_offset(n * 16, 0), k, lane);
+          Mma::template load<kWarpRows>(f, p_warp, kv_smem + vt_offset((dim_strip0 + n) * 16, 0), k, lane);
           Mma::template mma<kWarpRows>(o[n], f);
         }
     }
   }
 
+  float total[2];
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) total[slot] = row_reduce_sum<Mma>(row_sum[slot]);
+  if constexpr (kDecode) {  // each warp summed its own keys; the tile loop's last reads of row_stats are behind a barrier
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) row_stats[warp * kWarpRows + row_in_warp[slot]] = total[slot];
+    __syncthreads();
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) {
+      total[slot] = row_stats[row_in_warp[slot]];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) total[slot] += row_stats[w * kWarpRows + row_in_warp[slot]];
+    }
+  }
   float inverse_sum[2], lse[2];
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    const float total = row_reduce_sum<Mma>(row_sum[slot]);
-    inverse_sum[slot] = total > 0.f ? 1.f / total : 0.f;
-    lse[slot] = total > 0.f ? row_max[slot] + log2f(total) : negative_infinity();
+    inverse_sum[slot] = total[slot] > 0.f ? 1.f / total[slot] : 0.f;
+    lse[slot] = total[slot] > 0.f ? row_max[slot] + log2f(total[slot]) : negative_infinity();
   }
   if (!warp_has_rows) return;
 #pragma unroll
-  for (int n = 0; n < kStrips; ++n)
+  for (int n = 0; n < kWarpStrips; ++n)
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
       int row, col;
       Mma::acc_coord(lane, i, row, col);
       const int slot = row_slot(i);
       if (!row_valid[slot]) continue;
-      const int r = row0 + warp * kWarpRows + row;
-      const int token = q_begin + r / p.group, head = kv_head * p.group + r % p.group, dim = n * 16 + col;
+      const int r = row0 + warp_row0 + row;
+      const int token = q_begin + r / p.group, head = kv_head * p.group + r % p.group;
+      const int dim = (dim_strip0 + n) * 16 + col;
       const float v0 = o[n][i] * inverse_sum[slot], v1 = o[n][i + 1] * inverse_sum[slot];
       if (p.splits == 1) {
         *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) =
@@ -327,7 +375,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       } else {
         const int64_t index = (int64_t(split) * p.num_tokens + token) * p.num_heads + head;
         *reinterpret_cast<float2*>(p.partial_out + index * HeadDim + dim) = make_float2(v0, v1);
-        if (n == 0 && i < 4) p.partial_lse[index] = lse[slot];  // i = 0, 2: one per slot; peers write the same
+        // i = 0, 2: one per slot; peers (and, in decode blocks, the other warps) write the same value
+        if (n == 0 && i < 4 && dim_strip0 == 0) p.partial_lse[index] = lse[slot];
       }
     }
 }

@@ -10,29 +10,43 @@
 namespace volta_fp4 {
 namespace attention {
 
-constexpr int kBlockRows = 64;
+// Two block shapes, one kernel (attention.cuh, "Block"): 64 rows with the warps over the rows (prefill), and
+// kDecodeRows rows with the warps over the keys of a tile and the head dims of O (decode: a sequence's rows are
+// one token's group of heads, or a few tokens' under speculation).
+constexpr int kPrefillRows = 64;
+constexpr int kDecodeRows = 16;
 constexpr int kTileKeys = 64;
 constexpr int kWarpRows = 16;
-constexpr int kWarps = kBlockRows / kWarpRows;
+constexpr int kWarps = 4;
 constexpr int kThreadsPerBlock = kWarps * 32;
 constexpr int kPanelCols = 128;  // head dims per row panel of Q and K
 constexpr int kMaxSplits = 64;
 
-// Shared-memory plan of paged_attention_kernel<·, HeadDim>, in rows of kSmemRowHalves halves.
-template <int HeadDim>
+// Shared-memory plan of paged_attention_kernel<·, HeadDim, BlockRows>, in rows of kSmemRowHalves halves, plus (decode
+// blocks) the fp32 row statistics the warps exchange: [kWarps][kWarpRows] each.
+template <int HeadDim, int BlockRows>
 struct SmemPlan {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head_dim must be 64, 128 or 256");
+  static_assert(BlockRows == kPrefillRows || BlockRows == kDecodeRows, "block rows must be 64 or 16");
   static constexpr int kPanels = (HeadDim + kPanelCols - 1) / kPanelCols;
-  static constexpr int kQRows = kPanels * kBlockRows;
+  static constexpr int kQRows = kPanels * BlockRows;
   static constexpr int kKRows = kPanels * kTileKeys;
   static constexpr int kVtRows = HeadDim < kPanelCols ? HeadDim : kPanelCols;
   static constexpr int kKvRows = kKRows > kVtRows ? kKRows : kVtRows;
-  static constexpr int kPRows = kBlockRows;
-  static constexpr int kBytes = (kQRows + kKvRows + kPRows) * kSmemRowHalves * 2;
+  static constexpr int kPRows = BlockRows;
+  static constexpr int kHalvesBytes = (kQRows + kKvRows + kPRows) * kSmemRowHalves * 2;
+  static constexpr int kStatFloats = BlockRows == kDecodeRows ? kWarps * kWarpRows : 0;
+  static constexpr int kBytes = kHalvesBytes + kStatFloats * 4;
   static_assert(kBytes <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
 };
-VOLTA_FP4_HOST_DEVICE constexpr int attention_smem_bytes(int head_dim) {
-  return head_dim == 64 ? SmemPlan<64>::kBytes : head_dim == 128 ? SmemPlan<128>::kBytes : SmemPlan<256>::kBytes;
+VOLTA_FP4_HOST_DEVICE constexpr int attention_smem_bytes(int head_dim, int block_rows) {
+  return block_rows == kDecodeRows
+             ? (head_dim == 64    ? SmemPlan<64, kDecodeRows>::kBytes
+                : head_dim == 128 ? SmemPlan<128, kDecodeRows>::kBytes
+                                  : SmemPlan<256, kDecodeRows>::kBytes)
+             : (head_dim == 64    ? SmemPlan<64, kPrefillRows>::kBytes
+                : head_dim == 128 ? SmemPlan<128, kPrefillRows>::kBytes
+                                  : SmemPlan<256, kPrefillRows>::kBytes);
 }
 
 constexpr int kKvWriteThreads = 128;  // write_kv_cache_kernel: one block per token

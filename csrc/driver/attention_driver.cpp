@@ -136,7 +136,8 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
   p.window = int(sliding_window);
   p.scale_log2 = float(scale * 1.4426950408889634);
 
-  const int64_t tiles = row_tiles(num_tokens, p.group, num_seqs);
+  const int block_rows = choose_block_rows(num_tokens, p.group, num_seqs);
+  const int64_t tiles = row_tiles(num_tokens, p.group, num_seqs, block_rows);
   p.splits = choose_splits(num_splits, tiles, num_kv_heads, max_seq_len, driver::multiprocessor_count(device));
   Tensor partial_out, partial_lse;
   if (p.splits > 1) {
@@ -145,10 +146,10 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
     p.partial_out = static_cast<float*>(partial_out.data_ptr());
     p.partial_lse = static_cast<float*>(partial_lse.data_ptr());
   }
-  const int d = int(head_size), smem = attention_smem_bytes(d);
+  const int d = int(head_size), smem = attention_smem_bytes(d, block_rows);
   void* stream = current_stream(device);
   void* args[] = {&p};
-  loaded_kernel(device, paged_attention_kernel_name(sm70, d), kThreadsPerBlock, smem)
+  loaded_kernel(device, paged_attention_kernel_name(sm70, d, block_rows), kThreadsPerBlock, smem)
       .kernel.launch({unsigned(tiles), unsigned(num_kv_heads), unsigned(p.splits)}, kThreadsPerBlock, unsigned(smem),
                      stream, args);
   if (p.splits > 1) {

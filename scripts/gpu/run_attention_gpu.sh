@@ -6,7 +6,7 @@
 #   every split count) into $OUT/attention-decode-h200.md
 set -uo pipefail
 source scripts/gpu/gpu_build.sh
-python3 -m pytest -q tests/gpu/test_attention_gpu.py -p no:cacheprovider -rs -s 2>&1 > "$OUT/attention-tests.log"
+python3 -m pytest -q tests/gpu/test_attention_gpu.py tests/gpu/test_attention_graphs.py -p no:cacheprovider -rs -s 2>&1 > "$OUT/attention-tests.log"
 tests_rc=$?
 tail -30 "$OUT/attention-tests.log"
 python3 - "$OUT/attention-tests.log" <<'PY'
