@@ -18,11 +18,13 @@ constexpr int64_t kMinTilesPerSplit = 2;  // a split of one 64-key tile would sp
 
 inline bool supported_head_size(int64_t head_size) { return head_size == 64 || head_size == 128 || head_size == 256; }
 
-// Decode blocks (kDecodeRows) when the batch has at most kDecodeRows rows (tokens × group) per sequence on average:
-// plain decode at any GQA group ≤ 16, where a 64-row block would be mostly padding. A host value, so a CUDA graph
-// keeps the shape it was captured with (eager runs of the same batch shape choose the same).
+// Decode blocks (kDecodeRows) when the batch has at most 2 · kDecodeRows rows (tokens × group) per sequence on
+// average: plain decode at any GQA group ≤ 32 and speculative verification of a few tokens (K = 3 at Qwen3.8's 6:1
+// is 24 rows: two decode blocks each read the sequence's keys, expected to beat one 64-row block that leaves two
+// warps idle and holds all of O in the others). A host value, so a CUDA graph keeps the shape it was captured with
+// (eager runs of the same batch shape choose the same).
 inline int choose_block_rows(int64_t num_tokens, int64_t group, int64_t num_seqs) {
-  return num_tokens * group <= kDecodeRows * num_seqs ? kDecodeRows : kPrefillRows;
+  return num_tokens * group <= 2 * kDecodeRows * num_seqs ? kDecodeRows : kPrefillRows;
 }
 
 // tile_base(num_seqs) with query_start_loc[num_seqs] ≤ num_tokens (attention.cuh, "Work split"): the grid's row

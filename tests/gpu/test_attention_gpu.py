@@ -34,6 +34,10 @@ BATCHES = {
     "chunked-prefill": [(96, 61), (1000, 257)],
     "prefix-hit": [(64, 33), (128, 1), (512, 200)],
     "mixed": [(0, 1), (513, 1), (37, 90), (0, 257), (2000, 1), (250, 17)],
+    # few rows per sequence (the host's decode blocks): speculative verification, and one sequence with several
+    # 16-row tiles among decodes
+    "speculative": [(63, 4), (300, 4), (1029, 4), (0, 4)],
+    "decode-long-row": [(100, 40), (16, 1), (63, 1), (7, 1)],
 }
 # (num_heads, num_kv_heads): MHA, GQA 4:1, Qwen3.8-27B's 24:4, MQA.
 HEADS = [(4, 4), (8, 2), (24, 4), (8, 1)]
