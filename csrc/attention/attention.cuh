@@ -17,35 +17,33 @@
 //   and a decode step of a 6:1 GQA model fills 6 rows instead of 1.
 //
 // ─── Work split ────────────────────────────────────────────────────────────────────────────────────────────
-// Grid (row tiles, num_kv_heads, splits). Sequence s owns row tiles tile_base(s) … tile_base(s+1)−1 with
-// tile_base(s) = ⌊query_start_loc[s] · group / R⌋ + s (R = the block's rows), which bounds the grid by
-// num_tokens·group/R +
-// num_seqs without reading the batch on the host; a block finds its sequence by binary search, and a block
-// past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see: that share is
-// computed here from the block's own key range (⌈tiles / splits⌉), so the host fixes only the split count, and a
-// launch captured in a CUDA graph stays correct for any sequence lengths it is replayed with. With one split the
-// block writes fp16 output; with several it writes O/l and log2-sum-exp in fp32 and combine_splits_kernel
-// merges them (decode and small batches with long contexts, where row tiles alone cannot fill the GPU). Tokens
-// past query_start_loc[num_seqs] (vLLM's padding of a captured batch) belong to no sequence: the combine writes
-// zeros there (with one split nothing is written).
+// Grid (row tiles, num_kv_heads, splits). Sequence s owns row tiles tile_base(s) … tile_base(s+1)−1 with tile_base(s) =
+// ⌊query_start_loc[s] · group / R⌋ + s (R = the block's rows), which bounds the grid by num_tokens·group/R + num_seqs
+// without reading the batch on the host; a block finds its sequence by binary search, and a block past its sequence's
+// rows exits. Split z walks its share of the KV tiles the rows can see: that share is computed here from the block's
+// own key range (⌈tiles / splits⌉), so the host fixes only the split count, and a launch captured in a CUDA graph stays
+// correct for any sequence lengths it is replayed with. With one split the block writes fp16 output; with several it
+// writes O/l and log2-sum-exp in fp32 and combine_splits_kernel merges them (decode and small batches with long
+// contexts, where row tiles alone cannot fill the GPU). Tokens past query_start_loc[num_seqs] (vLLM's padding of a
+// captured batch) belong to no sequence: the combine writes zeros there (with one split nothing is written).
 //
 // ─── Block (4 warps, R = 64 or 16 rows, 64-key tiles) ───────────────────────────────────────────────────────
 // Per KV tile: keys → smem; S = Q·Kᵀ (fp32); mask; online softmax in fp32 in registers (row max and rescale, exp2
 // with the scale folded in); P → smem as fp16; values → smem transposed (Vᵀ, keys contiguous); O += P·V.
 // Prefill blocks (R = 64): warp w owns rows 16w … 16w+15, all 64 keys of S and all head dims of O, so softmax
 //   statistics never leave the warp.
-// Decode blocks (R = 16, the host's choice when sequences have ≤ 16 rows: one token's heads of a GQA group): a
-//   64-row block would leave 3 of 4 warps without rows and hold all of O (128 fp32 registers per lane at
-//   head_dim 256) in one warp, so the tile's K and V loads could not stay in flight. Here all warps share the 16
-//   rows: warp w computes S for keys 16w … 16w+15 of the tile, the row maxima are exchanged through shared memory
-//   (one more barrier per tile, every warp then applies the same maximum, so the partial row sums add up at the
-//   end), and warp w accumulates O for head dims w·D/4 … (w+1)·D/4 − 1 over all 64 keys. O is a quarter of the
-//   prefill block's per lane, which leaves the registers to stage a whole tile's K and V per thread: the values
-//   load while S is computed, the next keys while P·V is.
+// Decode blocks (R = 16, the host's choice for batches of few rows per sequence: one token's heads of a GQA group, or
+//   a few tokens' under speculation; attention_plan.h): a 64-row block would leave 3 of 4 warps without rows and hold
+//   all of O (128 fp32 registers per lane at head_dim 256) in one warp, so the tile's K and V loads could not stay in
+//   flight. Here all warps share the 16 rows: warp w computes S for keys 16w … 16w+15 of the tile, the row maxima are
+//   exchanged through shared memory (one more barrier per tile, every warp then applies the same maximum, so the
+//   partial row sums add up at the end), and warp w accumulates O for head dims w·D/4 … (w+1)·D/4 − 1 over all 64 keys.
+//   O is a quarter of the prefill block's per lane, which leaves the registers to stage a tile's K and V per thread
+//   (half of them at head_dim 256): the values load while S is computed, the next keys while P·V is.
 // Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read: Q and K store head
 // dims ≥ 128 as a second panel of rows; Vᵀ stores dims ≥ 128 in columns 64 … 127 of the rows of dims − 128. K and
-// Vᵀ share one buffer (they are not live together), which keeps head_dim 256 at 85 KB, inside Volta's 96 KB per
-// block.
+// Vᵀ share one buffer (they are not live together), which keeps head_dim 256 at 85 KB (prefill blocks; decode
+// blocks 47 KB), inside Volta's 96 KB per block.
 #pragma once
 
 #include "attention/attention_shape.h"
@@ -280,7 +278,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
         for (int slot = 0; slot < 2; ++slot) {
           tile_max[slot] = row_stats[row_in_warp[slot]];
 #pragma unroll
-          for (int w = 1; w < kWarps; ++w) tile_max[slot] = fmaxf(tile_max[slot], row_stats[w * kWarpRows + row_in_warp[slot]]);
+          for (int w = 1; w < kWarps; ++w)
+            tile_max[slot] = fmaxf(tile_max[slot], row_stats[w * kWarpRows + row_in_warp[slot]]);
         }
       }
       float reference[2];
@@ -339,7 +338,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   float total[2];
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) total[slot] = row_reduce_sum<Mma>(row_sum[slot]);
-  if constexpr (kDecode) {  // each warp summed its own keys; the tile loop's last reads of row_stats are behind a barrier
+  // Decode blocks: each warp summed its own keys (the tile loop's last reads of row_stats are behind a barrier).
+  if constexpr (kDecode) {
 #pragma unroll
     for (int slot = 0; slot < 2; ++slot) row_stats[warp * kWarpRows + row_in_warp[slot]] = total[slot];
     __syncthreads();
