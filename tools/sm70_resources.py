@@ -69,8 +69,10 @@ def unit_of_work(name: str) -> str:
     if "weight_gemv_kernel" in name:
         return "64 per 64×128 weight tile, any M ≤ 8 (one m8n8k4 = 8 weight rows × 16 k × 8 x rows)"
     if "paged_attention_kernel" in name:
-        d = numbers[-1]
-        return f"{2 * d} per warp with rows per 64-key tile (S = QKᵀ: {d}, O += PV: {d}); decode: 1 warp of 4"
+        d, rows = numbers[-2:]
+        if rows == 16:  # decode blocks: warp w takes 16 keys of S and a quarter of the head dims of O
+            return f"{2 * d} per 64-key tile, {d // 2} per warp (S: 16 keys × {d}, O += PV: {d // 4} dims × 64 keys)"
+        return f"{2 * d} per warp with rows per 64-key tile (S = QKᵀ: {d}, O += PV: {d})"
     if "chunk_prepare_kernel" in name:
         d = numbers[-1]
         return f"{16 * d} per 64-token chunk and value head (KKᵀ, QKᵀ, W, U: 4 × 64·64·{d} MACs / 1024)"
@@ -113,8 +115,9 @@ def linear_calls(shape) -> list[Call]:
 
 
 def attention_calls(shape) -> list[Call]:
-    """paged_attention_kernel at the real head_dim, GQA group = heads / kv_heads: decode (batch 1, 8) and one
-    2048-token causal prefill; bytes: the fp16 K and V read, q and out."""
+    """paged_attention_kernel at the real head_dim, GQA group = heads / kv_heads: decode (batch 1, 8; 16-row decode
+    blocks, 2·D m8n8k4 per KV tile and head) and one 2048-token causal prefill; bytes: the fp16 K and V read, q and
+    out."""
     d, kv, group = shape.head_dim, shape.kv_heads, shape.heads // shape.kv_heads
     calls = []
     for batch in (1, 8):
