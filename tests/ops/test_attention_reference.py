@@ -22,6 +22,7 @@ BATCHES = {
     "chunked-prefill": [(48, 17), (5, 40)],
     "prefix-hit": [(32, 9), (64, 1), (16, 16)],
     "mixed": [(0, 5), (37, 1), (20, 13), (0, 1), (81, 3)],
+    "speculative": [(15, 4), (70, 4), (0, 4)],  # K + 1 = 4 tokens per sequence, as MTP verification runs them
 }
 
 
