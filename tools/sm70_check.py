@@ -169,14 +169,18 @@ def gdn_kernel_source() -> str:
     return "\n".join(lines + gdn_smem_exports()) + "\n"
 
 
+def attention_smem_table(ptx: str) -> dict[tuple[int, int], int]:
+    """{(head size, block rows): bytes} of the header's SmemPlan, as attention_smem_exports put it in the PTX."""
+    return {(int(d), int(r)): int(v)
+            for d, r, v in re.findall(r"attention_smem_bytes_d(\d+)_r(\d+)\s*=\s*(\d+)", ptx)}
+
+
 def attention_dynamic_smem(report: KernelReport, ptx: str) -> int:
     """paged_attention_kernel's dynamic shared memory from the header's SmemPlan (exported by the source)."""
     if "paged_attention_kernel" not in report.name:
         return report.dynamic_smem
-    smem = {(int(d), int(r)): int(v)
-            for d, r, v in re.findall(r"attention_smem_bytes_d(\d+)_r(\d+)\s*=\s*(\d+)", ptx)}
     head_size, block_rows = re.search(r"ELi(\d+)ELi(\d+)EEEv", report.name).groups()
-    return smem[int(head_size), int(block_rows)]
+    return attention_smem_table(ptx)[int(head_size), int(block_rows)]
 
 
 def gdn_dynamic_smem(report: KernelReport, ptx: str) -> int:

@@ -79,6 +79,26 @@ __device__ __forceinline__ float row_reduce_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, AccRows<Mma>::kPeerMask1);
 }
 
+// Decode blocks: each warp's statistic of its two rows (already reduced over the warp) → the maximum or the sum over
+// the four warps, in warp order, so every warp gets the same value. row_stats: [kWarps][kWarpRows] in shared memory;
+// its previous contents must have been read before the barrier the caller last passed.
+template <bool kMax>
+__device__ __forceinline__ void combine_over_warps(float (&value)[2], float* row_stats, int warp,
+                                                   const int (&row_in_warp)[2]) {
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) row_stats[warp * kWarpRows + row_in_warp[slot]] = value[slot];
+  __syncthreads();
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    value[slot] = row_stats[row_in_warp[slot]];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) {
+      const float other = row_stats[w * kWarpRows + row_in_warp[slot]];
+      value[slot] = kMax ? fmaxf(value[slot], other) : value[slot] + other;
+    }
+  }
+}
+
 __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
 
 template <int BlockRows>
@@ -270,18 +290,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
         }
 #pragma unroll
       for (int slot = 0; slot < 2; ++slot) tile_max[slot] = row_reduce_max<Mma>(tile_max[slot]);
-      if constexpr (kDecode) {  // the other warps' keys: every warp takes the maximum over all four, in one order
-#pragma unroll
-        for (int slot = 0; slot < 2; ++slot) row_stats[warp * kWarpRows + row_in_warp[slot]] = tile_max[slot];
-        __syncthreads();  // (all warps have rows here) their keys' maxima are stored
-#pragma unroll
-        for (int slot = 0; slot < 2; ++slot) {
-          tile_max[slot] = row_stats[row_in_warp[slot]];
-#pragma unroll
-          for (int w = 1; w < kWarps; ++w)
-            tile_max[slot] = fmaxf(tile_max[slot], row_stats[w * kWarpRows + row_in_warp[slot]]);
-        }
-      }
+      // The other warps' keys (all warps have rows in decode blocks, so the barrier inside is reached by all).
+      if constexpr (kDecode) combine_over_warps<true>(tile_max, row_stats, warp, row_in_warp);
       float reference[2];
 #pragma unroll
       for (int slot = 0; slot < 2; ++slot) {
@@ -339,17 +349,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) total[slot] = row_reduce_sum<Mma>(row_sum[slot]);
   // Decode blocks: each warp summed its own keys (the tile loop's last reads of row_stats are behind a barrier).
-  if constexpr (kDecode) {
-#pragma unroll
-    for (int slot = 0; slot < 2; ++slot) row_stats[warp * kWarpRows + row_in_warp[slot]] = total[slot];
-    __syncthreads();
-#pragma unroll
-    for (int slot = 0; slot < 2; ++slot) {
-      total[slot] = row_stats[row_in_warp[slot]];
-#pragma unroll
-      for (int w = 1; w < kWarps; ++w) total[slot] += row_stats[w * kWarpRows + row_in_warp[slot]];
-    }
-  }
+  if constexpr (kDecode) combine_over_warps<false>(total, row_stats, warp, row_in_warp);
   float inverse_sum[2], lse[2];
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {

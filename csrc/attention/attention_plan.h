@@ -1,7 +1,7 @@
 // The attention ops' host-side decisions, apart from the host code that makes the launches
 // (csrc/driver/attention_driver.cpp, the kernel image through the CUDA driver API) so that tests compile them alone:
-// the block shape, the grid's row tiles, the split-KV count, and the name of every kernel the ops launch (the kernel table the wheel build
-// compiles: tools/sm70_check.py lists the same). Torch- and CUDA-free.
+// the block shape, the grid's row tiles, the split-KV count, and the name of every kernel the ops launch (the kernel
+// table the wheel build compiles: tools/sm70_check.py lists the same). Torch- and CUDA-free.
 #pragma once
 
 #include <algorithm>

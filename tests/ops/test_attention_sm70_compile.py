@@ -7,8 +7,6 @@ HMMA instruction. Missing tools fail the test under CI (CI=true) and skip it els
 
 from __future__ import annotations
 
-import re
-
 from tests.conftest import load_sm70_check
 
 sm70_check = load_sm70_check()
@@ -19,7 +17,7 @@ BLOCK_ROWS = sm70_check.ATTENTION_BLOCK_ROWS
 
 def test_attention_kernels_compile_clean_for_sm70(sm70_toolchain):
     ptx, reports = sm70_check.compile_family(sm70_check.attention_kernel_source(), sm70_check.attention_dynamic_smem)
-    smem = {(int(d), int(r)): int(v) for d, r, v in re.findall(r"attention_smem_bytes_d(\d+)_r(\d+)\s*=\s*(\d+)", ptx)}
+    smem = sm70_check.attention_smem_table(ptx)
     assert sorted(smem) == sorted((d, r) for d in HEAD_SIZES for r in BLOCK_ROWS)
     for report in reports:
         print(f"{report.name}: {report.registers} registers, {report.spill_bytes} B spilled, "
