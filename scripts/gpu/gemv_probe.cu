@@ -4,6 +4,7 @@
 //   ./gemv_probe            timing table (µs, GB/s of packed bytes; grid = stream-K as the host launches it,
 //                           and ×0.5 / ×2 of it to see whether more or fewer blocks would pay)
 //   ./gemv_probe ncu        one launch each of the qkv GEMV (M = 1, 8) and of the read kernel, for ncu
+//   ./gemv_probe grid1      the GEMV with the host's grid only (to compare builds of variants of the kernel)
 // Weights are random bytes (timing only: tests/gpu checks results); rotated over > 512 MB so reads come from DRAM.
 #include <cuda_runtime.h>
 
@@ -119,6 +120,7 @@ struct Shape {
 
 int main(int argc, char** argv) {
   const bool ncu = argc > 1 && !std::strcmp(argv[1], "ncu");
+  const bool grid1 = argc > 1 && !std::strcmp(argv[1], "grid1");
   cudaDeviceProp props;
   CHECK(cudaGetDeviceProperties(&props, 0));
   uint32_t* sink;
@@ -164,7 +166,7 @@ int main(int argc, char** argv) {
       if (ncu && m != 1 && m != 8) continue;
       const long long slots = (long long)props.multiProcessorCount * blocks_per_sm(m);
       for (double grid_scale : {1.0, 0.5, 2.0}) {
-        if (ncu && grid_scale != 1.0) continue;
+        if ((ncu || grid1) && grid_scale != 1.0) continue;
         const long long wanted = (long long)(slots * grid_scale);
         const long long per = std::max<long long>(kGemvMinTilesPerBlock, (tiles + wanted - 1) / wanted);
         const int blocks = int((tiles + per - 1) / per);
@@ -182,14 +184,14 @@ int main(int argc, char** argv) {
           continue;
         }
         const float us = time_graph(step);
-        std::printf("%-12s M=%d gemv   grid %4d (%.1f x slots, %lld tiles per block): %7.2f us  %5.0f GB/s packed\n",
-                    shape.name, m, blocks, grid_scale, per, us, packed_bytes / us / 1e3);
+        std::printf("%-12s M=%d gemv   grid %4d (%.1f x slots, %d blocks/SM, %lld tiles per block): %7.2f us  %5.0f GB/s packed\n",
+                    shape.name, m, blocks, grid_scale, blocks_per_sm(m), per, us, packed_bytes / us / 1e3);
       }
     }
     // The same chunk bytes (codes + scales + tile padding) read and discarded, with the GEMV's grid and block size
     // (2 loads in flight per thread, as its ring) and with a large grid and 8 loads in flight.
     const long long vectors = tile_bytes / 16;
-    for (int config = 0; config < 2; ++config) {
+    for (int config = 0; config < (grid1 ? 0 : 2); ++config) {
       const long long blocks = config == 0 ? (long long)props.multiProcessorCount * blocks_per_sm(1)
                                            : (long long)props.multiProcessorCount * 8;
       const long long per = (vectors + blocks - 1) / blocks;
