@@ -11,6 +11,11 @@ Engines: volta_nvfp4 on compressed-tensors W4A16 (every decoder projection NVFP4
 vLLM's CPU offload (the weights that do not fit 32 GB cross PCIe at 10-12 GB/s every forward). Embeddings and
 lm_head are fp16 as real exports keep them; GDN in_proj_b/a stay fp16.
 
+MTP speculation (K drafts, batch 1): a round is one verification forward of K + 1 tokens (weights read once, the
+attention's KV once, the GDN state read once and written per token) plus K draft forwards of the MTP module, each
+reading its layer, its fc and the main model's fp16 lm_head (vLLM's Qwen3.5 MTP proposer computes full-vocabulary
+logits with it), against a plain decode step; with the MTP layer in 16 bits (as exports ship it) and in NVFP4.
+
     python benchmarks/v100_budget.py [--out benchmarks/results/v100-budget-model.md]
 """
 
@@ -187,6 +192,71 @@ def prefill_step(shape: planner.ModelShape, engine: Engine, tokens: int = PREFIL
     return step
 
 
+def verify_step(shape: planner.ModelShape, engine: Engine, tokens: int, context: int) -> Step:
+    """One speculative verification forward at batch 1: ``tokens`` = K + 1 query tokens of one sequence whose
+    cache holds ``context`` tokens. Linear layers and the rest cost what a decode step of ``tokens`` sequences
+    costs (weights read once, M ≤ 8); attention reads the one sequence's KV once; GDN reads the state once and
+    writes one per token (vLLM keeps a state per verified token for the rollback)."""
+    step = decode_step(shape, engine, tokens, context)
+    kv_per_token = shape.kv_heads * shape.head_dim * 2 * FP16
+    q_out = (shape.heads * shape.head_dim * 2) * FP16
+    step.families["attention"].bytes = shape.full_attention_layers * (
+        (context + tokens) * kv_per_token + tokens * q_out)
+    if shape.gdn is not None:
+        gdn = shape.gdn
+        state = gdn.num_value_heads * gdn.key_head_dim * gdn.value_head_dim * shape.ssm_state_bytes
+        step.families["GDN"].bytes = shape.linear_attention_layers * (
+            (1 + tokens) * state + tokens * FP16 * (2 * gdn.conv_dim + 2 * gdn.value_dim))
+    return step
+
+
+def mtp_weight_bytes(shape: planner.ModelShape, quantized: bool) -> float:
+    """The MTP module's matrices as served: 16-bit (real exports exclude "*mtp*") or NVFP4 (a checkpoint that
+    quantizes the layer); its fc stays 16-bit either way (ModelOpt keeps it so)."""
+    return sum(planner._stored_bytes(NVFP4 if quantized and module != "mtp.fc" else UNQUANTIZED, rows, cols)
+               for module, rows, cols in planner.mtp_linear_shapes(shape))
+
+
+def draft_step(shape: planner.ModelShape, quantized: bool, context: int) -> Step:
+    """One draft forward of the MTP module at batch 1: its layer(s) and fc, the main model's fp16 lm_head (full
+    vocabulary logits) and an embedding row; attention over the MTP layer's own KV cache."""
+    step = Step()
+    h, i = shape.hidden, shape.intermediate
+    mtp_params = sum(r * c for _, r, c in planner.mtp_linear_shapes(shape))
+    linear = step.families["linear"]
+    linear.bytes = mtp_weight_bytes(shape, quantized) + shape.vocab * h * FP16 + h * FP16
+    linear.flops = 2 * (mtp_params + shape.vocab * h)
+    kv_per_token = shape.kv_heads * shape.head_dim * 2 * FP16
+    attention = step.families["attention"]
+    attention.bytes = shape.mtp_layers * ((context + 1) * kv_per_token + shape.heads * shape.head_dim * 2 * FP16)
+    attention.flops = shape.mtp_layers * 4 * shape.heads * shape.head_dim * context
+    other = step.families["other"]
+    other.bytes = shape.mtp_layers * FP16 * (8 * h + 3 * i) + FP16 * 4 * h + shape.vocab * 4 * 2
+    other.flops = shape.mtp_layers * (10 * h + 4 * i)
+    return step
+
+
+MTP_KS = range(1, 8)
+MTP_CONTEXT = 2048
+PUBLISHED_ACCEPTANCE = (2.8, 3.8)  # Qwen3.8 MTP at K = 3, the figures issue #16 quotes (tokens per round)
+
+
+def mtp_round_rows(shape: planner.ModelShape, engine: Engine, quantized: bool) -> list[dict]:
+    """Per K: the round's time at 870 GB/s, its parts, its ratio to a plain decode step, and the acceptance
+    length at which speculation breaks even (= that ratio: a round must yield as many tokens as it costs steps)."""
+    def at_870(step: Step) -> float:
+        return step.seconds(v100.HBM_READ_BYTES_PER_S, v100.TENSOR_PEAK_FLOPS, sum(v100.PCIE_BYTES_PER_S) / 2)
+    plain = at_870(decode_step(shape, engine, 1, MTP_CONTEXT))
+    draft = at_870(draft_step(shape, quantized, MTP_CONTEXT))
+    rows = []
+    for k in MTP_KS:
+        verify = at_870(verify_step(shape, engine, k + 1, MTP_CONTEXT))
+        round_seconds = verify + k * draft
+        rows.append({"k": k, "plain": plain, "verify": verify, "draft": draft, "round": round_seconds,
+                     "ratio": round_seconds / plain})
+    return rows
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"
 
@@ -275,7 +345,41 @@ def report(shape: planner.ModelShape) -> str:
         "cross PCIe once per forward).",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + mtp_report(shape))
+
+
+def mtp_report(shape: planner.ModelShape) -> list[str]:
+    if not shape.mtp_layers:
+        return []
+    nvfp4 = ENGINES[0]
+    lines = [f"## MTP speculation: one round at batch 1, context {MTP_CONTEXT}, {nvfp4.name}", "",
+             f"MTP module: {shape.mtp_layers} full-attention layer(s) + fc; 16-bit as exports ship it "
+             f"{mtp_weight_bytes(shape, False) / 1e9:.2f} GB, NVFP4 {mtp_weight_bytes(shape, True) / 1e9:.2f} GB "
+             f"(fc 16-bit); every draft also reads the {shape.vocab * shape.hidden * FP16 / 1e9:.2f} GB fp16 lm_head. "
+             "Break-even = the acceptance length (tokens per round) at which a round pays for itself; "
+             f"tok/s at the published Qwen3.8 acceptance lengths {' and '.join(map(str, PUBLISHED_ACCEPTANCE))} "
+             "(K = 3; shown where ≤ K + 1).", "",
+             "| MTP layer | K | verify ms | draft ms (each) | round ms | × plain step = break-even acceptance | "
+             + " | ".join(f"tok/s at {a}" for a in PUBLISHED_ACCEPTANCE) + " |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(PUBLISHED_ACCEPTANCE)]
+    plain = None
+    for quantized in (False, True):
+        for row in mtp_round_rows(shape, nvfp4, quantized):
+            plain = row["plain"]
+            rates = [f"{a / row['round']:.1f}" if a <= row["k"] + 1 else "—" for a in PUBLISHED_ACCEPTANCE]
+            lines.append(f"| {'NVFP4' if quantized else '16-bit'} | {row['k']} | {_ms(row['verify'])} | "
+                         f"{_ms(row['draft'])} | {_ms(row['round'])} | {row['ratio']:.2f} | "
+                         + " | ".join(rates) + " |")
+    k3 = {quantized: mtp_round_rows(shape, nvfp4, quantized)[2] for quantized in (False, True)}
+    lm_head_ms = shape.vocab * shape.hidden * FP16 / v100.HBM_READ_BYTES_PER_S * 1e3
+    lines += ["", f"Plain step: {_ms(plain)} ms ({1 / plain:.1f} tok/s). At K = 3 a round costs "
+              f"{k3[False]['ratio']:.2f}× a plain step with the 16-bit MTP layer and {k3[True]['ratio']:.2f}× with "
+              f"an NVFP4 one (issue #16's goal: ≤ 1.3×). Each draft reads the fp16 lm_head ({lm_head_ms:.1f} ms of "
+              "its time), so three drafts alone cost "
+              f"{3 * lm_head_ms / (plain * 1e3):.2f}× a plain step's time: the goal needs drafts that read less "
+              "than the full-vocabulary fp16 head (a smaller draft vocabulary or a quantized head), whatever the MTP "
+              "layer's format.", ""]
+    return lines
 
 
 def main() -> int:

@@ -64,3 +64,41 @@ def test_time_is_the_sum_of_family_rooflines(shape):
 def test_prefill_dequantizes_for_volta_nvfp4_only(shape):
     assert "dequantize" in budget.prefill_step(shape, W4A16, 256).families
     assert "dequantize" not in budget.prefill_step(shape, FP16, 256).families
+
+
+@pytest.fixture(scope="module")
+def mtp_shape():
+    config = {**TINY, "text_config": {**TINY["text_config"], "mtp_num_hidden_layers": 1}}
+    return planner.model_shape(config, Path("tiny-mtp"))
+
+
+def test_verification_reads_weights_once_and_kv_once(mtp_shape):
+    one, four = (budget.verify_step(mtp_shape, W4A16, tokens, context=100) for tokens in (1, 4))
+    # linear: weights once; only the activations (inputs and outputs of every matrix, the embedding row) per token
+    per_token = 2 * sum(r + c for m, r, c in planner.linear_shapes(mtp_shape) if "embed" not in m) + 2 * 64
+    assert four.families["linear"].bytes - one.families["linear"].bytes == 3 * per_token
+    kv_per_token, q_out = 2 * 16 * 2 * 2, 4 * 16 * 2 * 2
+    assert four.families["attention"].bytes == (104 * kv_per_token + 4 * q_out)  # one attention layer, KV once
+    state = 4 * 16 * 16 * 2
+    assert four.families["GDN"].bytes == 3 * (5 * state + 4 * 2 * (2 * (2 * 16 + 2 * 16 + 4 * 16) + 2 * 4 * 16))
+
+
+def test_a_draft_reads_the_mtp_layer_and_the_fp16_lm_head(mtp_shape):
+    mtp_params = sum(r * c for _, r, c in planner.mtp_linear_shapes(mtp_shape))
+    fc = 64 * 128
+    assert budget.mtp_weight_bytes(mtp_shape, quantized=False) == 2 * mtp_params
+    assert budget.mtp_weight_bytes(mtp_shape, quantized=True) < 2 * mtp_params / 2  # 4.5 bits but the fc
+    assert budget.mtp_weight_bytes(mtp_shape, quantized=True) > 2 * fc
+    draft = budget.draft_step(mtp_shape, quantized=False, context=100)
+    assert draft.families["linear"].bytes == 2 * mtp_params + 2 * 1000 * 64 + 2 * 64
+
+
+def test_round_is_verification_plus_k_drafts(mtp_shape):
+    rows = budget.mtp_round_rows(mtp_shape, W4A16, quantized=False)
+    assert [row["k"] for row in rows] == list(budget.MTP_KS)
+    for row in rows:
+        assert row["round"] == pytest.approx(row["verify"] + row["k"] * row["draft"])
+        assert row["ratio"] == pytest.approx(row["round"] / row["plain"]) and row["ratio"] > 1
+    assert all(later["round"] > earlier["round"] for earlier, later in zip(rows, rows[1:], strict=False))
+    report = "\n".join(budget.mtp_report(mtp_shape))
+    assert "| 16-bit | 3 |" in report and "| NVFP4 | 3 |" in report
