@@ -128,6 +128,19 @@ def offloaded_bytes(shape: planner.ModelShape, engine: Engine, batch: int, max_m
     return max(0.0, decoder + head + embed + small - resident_budget)
 
 
+def kv_bytes_per_token(shape: planner.ModelShape) -> int:
+    return shape.kv_heads * shape.head_dim * 2 * FP16  # K and V of one layer
+
+
+def query_output_bytes(shape: planner.ModelShape) -> int:
+    return shape.heads * shape.head_dim * 2 * FP16  # one token's query read and output written, one layer
+
+
+def decode_seconds(step: Step) -> float:
+    """A decode-like forward at the V100's read practice (870 GB/s), tensor peak and mid PCIe rate."""
+    return step.seconds(v100.HBM_READ_BYTES_PER_S, v100.TENSOR_PEAK_FLOPS, sum(v100.PCIE_BYTES_PER_S) / 2)
+
+
 def decode_step(shape: planner.ModelShape, engine: Engine, batch: int, context: int) -> Step:
     """One decode step of ``batch`` sequences at ``context`` tokens each (batch ≤ 8: weights read once)."""
     step = Step()
@@ -140,9 +153,8 @@ def decode_step(shape: planner.ModelShape, engine: Engine, batch: int, context: 
     linear.bytes = decoder + head + activations_io + batch * h * FP16  # + the embedding rows gathered
     linear.flops = 2 * batch * (decoder_params + head_params)
     attention = step.families["attention"]
-    kv_per_token = shape.kv_heads * shape.head_dim * 2 * FP16  # K and V of one layer
-    q_out = (shape.heads * shape.head_dim * 2) * FP16
-    attention.bytes = shape.full_attention_layers * batch * ((context + 1) * kv_per_token + q_out)
+    attention.bytes = shape.full_attention_layers * batch * (
+        (context + 1) * kv_bytes_per_token(shape) + query_output_bytes(shape))
     attention.flops = shape.full_attention_layers * batch * 4 * shape.heads * shape.head_dim * context
     gdn_cost = step.families["GDN"]
     if shape.gdn is not None:
@@ -198,10 +210,8 @@ def verify_step(shape: planner.ModelShape, engine: Engine, tokens: int, context:
     costs (weights read once, M ≤ 8); attention reads the one sequence's KV once; GDN reads the state once and
     writes one per token (vLLM keeps a state per verified token for the rollback)."""
     step = decode_step(shape, engine, tokens, context)
-    kv_per_token = shape.kv_heads * shape.head_dim * 2 * FP16
-    q_out = (shape.heads * shape.head_dim * 2) * FP16
     step.families["attention"].bytes = shape.full_attention_layers * (
-        (context + tokens) * kv_per_token + tokens * q_out)
+        (context + tokens) * kv_bytes_per_token(shape) + tokens * query_output_bytes(shape))
     if shape.gdn is not None:
         gdn = shape.gdn
         state = gdn.num_value_heads * gdn.key_head_dim * gdn.value_head_dim * shape.ssm_state_bytes
@@ -226,9 +236,8 @@ def draft_step(shape: planner.ModelShape, quantized: bool, context: int) -> Step
     linear = step.families["linear"]
     linear.bytes = mtp_weight_bytes(shape, quantized) + shape.vocab * h * FP16 + h * FP16
     linear.flops = 2 * (mtp_params + shape.vocab * h)
-    kv_per_token = shape.kv_heads * shape.head_dim * 2 * FP16
     attention = step.families["attention"]
-    attention.bytes = shape.mtp_layers * ((context + 1) * kv_per_token + shape.heads * shape.head_dim * 2 * FP16)
+    attention.bytes = shape.mtp_layers * ((context + 1) * kv_bytes_per_token(shape) + query_output_bytes(shape))
     attention.flops = shape.mtp_layers * 4 * shape.heads * shape.head_dim * context
     other = step.families["other"]
     other.bytes = shape.mtp_layers * FP16 * (8 * h + 3 * i) + FP16 * 4 * h + shape.vocab * 4 * 2
@@ -244,13 +253,11 @@ PUBLISHED_ACCEPTANCE = (2.8, 3.8)  # Qwen3.8 MTP at K = 3, the figures issue #16
 def mtp_round_rows(shape: planner.ModelShape, engine: Engine, quantized: bool) -> list[dict]:
     """Per K: the round's time at 870 GB/s, its parts, its ratio to a plain decode step, and the acceptance
     length at which speculation breaks even (= that ratio: a round must yield as many tokens as it costs steps)."""
-    def at_870(step: Step) -> float:
-        return step.seconds(v100.HBM_READ_BYTES_PER_S, v100.TENSOR_PEAK_FLOPS, sum(v100.PCIE_BYTES_PER_S) / 2)
-    plain = at_870(decode_step(shape, engine, 1, MTP_CONTEXT))
-    draft = at_870(draft_step(shape, quantized, MTP_CONTEXT))
+    plain = decode_seconds(decode_step(shape, engine, 1, MTP_CONTEXT))
+    draft = decode_seconds(draft_step(shape, quantized, MTP_CONTEXT))
     rows = []
     for k in MTP_KS:
-        verify = at_870(verify_step(shape, engine, k + 1, MTP_CONTEXT))
+        verify = decode_seconds(verify_step(shape, engine, k + 1, MTP_CONTEXT))
         round_seconds = verify + k * draft
         rows.append({"k": k, "plain": plain, "verify": verify, "draft": draft, "round": round_seconds,
                      "ratio": round_seconds / plain})
@@ -300,7 +307,7 @@ def report(shape: planner.ModelShape) -> str:
             for context in CONTEXTS:
                 step = decode_step(shape, engine, batch, context)
                 read = v100.HBM_READ_BYTES_PER_S
-                at_870 = step.seconds(read, v100.TENSOR_PEAK_FLOPS, sum(v100.PCIE_BYTES_PER_S) / 2)
+                at_870 = decode_seconds(step)
                 at_900 = step.seconds(v100.HBM_PEAK_BYTES_PER_S, v100.TENSOR_PEAK_FLOPS, sum(v100.PCIE_BYTES_PER_S) / 2)
                 lines.append(
                     f"| {engine.name} | {batch} | {context} | "
@@ -324,11 +331,8 @@ def report(shape: planner.ModelShape) -> str:
                                                                           v100.CUBLAS_FP16_FLOPS))
                                   for f in PREFILL_FAMILIES) + f" | {_ms(seconds)} | {PREFILL_TOKENS / seconds:.0f} |")
     nvfp4, offload = ENGINES[0], ENGINES[3]
-    pcie = sum(v100.PCIE_BYTES_PER_S) / 2
-    decode_nvfp4 = 1 / decode_step(shape, nvfp4, 1, 512).seconds(v100.HBM_READ_BYTES_PER_S, v100.TENSOR_PEAK_FLOPS,
-                                                                  pcie)
-    decode_offload = 1 / decode_step(shape, offload, 1, 512).seconds(v100.HBM_READ_BYTES_PER_S,
-                                                                      v100.TENSOR_PEAK_FLOPS, pcie)
+    decode_nvfp4 = 1 / decode_seconds(decode_step(shape, nvfp4, 1, 512))
+    decode_offload = 1 / decode_seconds(decode_step(shape, offload, 1, 512))
     lines += [
         "",
         "## Against the seeds' published numbers (one V100-32GB, plain decoding)",
@@ -362,15 +366,15 @@ def mtp_report(shape: planner.ModelShape) -> list[str]:
              "| MTP layer | K | verify ms | draft ms (each) | round ms | × plain step = break-even acceptance | "
              + " | ".join(f"tok/s at {a}" for a in PUBLISHED_ACCEPTANCE) + " |",
              "|---|---:|---:|---:|---:|---:|" + "---:|" * len(PUBLISHED_ACCEPTANCE)]
-    plain = None
-    for quantized in (False, True):
-        for row in mtp_round_rows(shape, nvfp4, quantized):
-            plain = row["plain"]
+    rows = {quantized: mtp_round_rows(shape, nvfp4, quantized) for quantized in (False, True)}
+    for quantized, rows_of_format in rows.items():
+        for row in rows_of_format:
             rates = [f"{a / row['round']:.1f}" if a <= row["k"] + 1 else "—" for a in PUBLISHED_ACCEPTANCE]
             lines.append(f"| {'NVFP4' if quantized else '16-bit'} | {row['k']} | {_ms(row['verify'])} | "
                          f"{_ms(row['draft'])} | {_ms(row['round'])} | {row['ratio']:.2f} | "
                          + " | ".join(rates) + " |")
-    k3 = {quantized: mtp_round_rows(shape, nvfp4, quantized)[2] for quantized in (False, True)}
+    k3 = {quantized: rows_of_format[2] for quantized, rows_of_format in rows.items()}
+    plain = k3[False]["plain"]
     lm_head_ms = shape.vocab * shape.hidden * FP16 / v100.HBM_READ_BYTES_PER_S * 1e3
     lines += ["", f"Plain step: {_ms(plain)} ms ({1 / plain:.1f} tok/s). At K = 3 a round costs "
               f"{k3[False]['ratio']:.2f}× a plain step with the 16-bit MTP layer and {k3[True]['ratio']:.2f}× with "
