@@ -164,7 +164,8 @@ int main(int argc, char** argv) {
     CHECK(cudaDeviceSynchronize());
     for (int m : {1, 2, 4, 8}) {
       if (ncu && m != 1 && m != 8) continue;
-      const long long slots = (long long)props.multiProcessorCount * blocks_per_sm(m);
+      const int resident = blocks_per_sm(m);
+      const long long slots = (long long)props.multiProcessorCount * resident;
       for (double grid_scale : {1.0, 0.5, 2.0}) {
         if ((ncu || grid1) && grid_scale != 1.0) continue;
         const long long wanted = (long long)(slots * grid_scale);
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
         }
         const float us = time_graph(step);
         std::printf("%-12s M=%d gemv   grid %4d (%.1f x slots, %d blocks/SM, %lld tiles per block): %7.2f us  %5.0f GB/s packed\n",
-                    shape.name, m, blocks, grid_scale, blocks_per_sm(m), per, us, packed_bytes / us / 1e3);
+                    shape.name, m, blocks, grid_scale, resident, per, us, packed_bytes / us / 1e3);
       }
     }
     // The same chunk bytes (codes + scales + tile padding) read and discarded, with the GEMV's grid and block size
