@@ -12,8 +12,13 @@ time of N extra tokens over the same prompt with one token (as benchmarks/throug
 time: kernel time per decoded token from the torch profiler (devkit.gpu_time: the prompt's prefill subtracted,
 split by kernel family) times the tokens per round. Implied tok/s at acceptance length L: L / round.
 
+Drafts score the vocabulary with the plugin's FP8 or NVFP4 copy of lm_head (plugin/models/draft_head.py) or, with
+``--draft-heads fp16`` (VLLM_VOLTA_FP4_DRAFT_HEAD=0), with the 16-bit head as vLLM does; ``fp8,fp16`` measures
+both per K. The made checkpoint's vocabulary is tiny, so only ``--model`` with a real vocabulary (248,320) shows
+what the head costs.
+
     python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8 | --model DIR]
-        [--ks 1,2,3,4,5,6,7] [--eager]
+        [--ks 1,2,3,4,5,6,7] [--draft-heads fp8,nvfp4,fp16] [--eager]
 
 On the GPU machine: scripts/gpu/run_mtp_gpu.sh (after the lossless tests).
 """
@@ -72,12 +77,17 @@ def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
     return statistics.median(timed(tokens + 1) - timed(1) for _ in range(3))
 
 
-def measure(model: str, k: int | None, eager: bool, tokens: int) -> dict:
+DRAFT_HEADS = {"fp8": "fp8", "nvfp4": "nvfp4", "fp16": "0"}  # --draft-heads → VLLM_VOLTA_FP4_DRAFT_HEAD
+
+
+def measure(model: str, k: int | None, eager: bool, tokens: int, draft_head: str = "fp8") -> dict:
     import torch
     from vllm import SamplingParams
 
-    from devkit.engine import spec_decode_counters
+    from devkit.engine import drafter_model, spec_decode_counters
+    from vllm_volta_fp4 import envs
 
+    os.environ[envs.DRAFT_HEAD.name] = DRAFT_HEADS[draft_head]  # read when the drafter loads
     prompt = [(7 * i + 11) % 300 + 5 for i in range(64)]
     llm = _engine(model, k, eager, 64 + 4 * tokens)
     try:
@@ -88,10 +98,15 @@ def measure(model: str, k: int | None, eager: bool, tokens: int) -> dict:
         rounds = (spec_decode_counters(llm)["num_drafts"] - before) if k else tokens  # a round per draft
         if rounds <= 0:
             raise RuntimeError(f"K={k}: vLLM counted no speculative rounds; speculation did not run")
+        drafter = drafter_model(llm)
+        copy = getattr(drafter._modules.get("draft_head"), "fmt", "fp16") if drafter is not None else "fp16"
+        if k and copy != draft_head:
+            raise RuntimeError(f"K={k}: asked for the {draft_head} draft head, the drafter has {copy}")
         tokens_per_round = tokens / rounds
         # kernel time per decoded token (the prompt's prefill subtracted), by family, scaled to a round
         gpu = gpu_time_per_decode_token(llm, [prompt], tokens)
-        return {"k": k or 0, "wall_ms_per_round": 1e3 * wall / rounds, "tokens_per_round": tokens_per_round,
+        return {"k": k or 0, "draft_head": draft_head if k else "", "wall_ms_per_round": 1e3 * wall / rounds,
+                "tokens_per_round": tokens_per_round,
                 "gpu_ms_per_round": 1e3 * gpu["all"] * tokens_per_round,
                 "gpu_ms_by_family": {family: 1e3 * gpu.get(family, 0.0) * tokens_per_round for family in FAMILIES}}
     finally:
@@ -106,11 +121,12 @@ def table(rows: list[dict], args) -> str:
              f"{'eager' if args.eager else 'default mode'}", "",
              f"Date {datetime.date.today()}, commit {args.commit}, GPU {args.gpu}.", "",
              f"Implied tok/s use acceptance length L = 3 ({PUBLISHED_ACCEPTANCE}).", "",
-             "| K | wall ms / round | × plain step | GPU ms / round | × plain step | implied tok/s at L=3 | "
+             "| K | drafts' lm_head | wall ms / round | × plain step | GPU ms / round | × plain step | "
+             "implied tok/s at L=3 | "
              + " | ".join(f"GPU ms {family}" for family in FAMILIES) + " |",
-             "|---|---|---|---|---|---|" + "---|" * len(FAMILIES)]
+             "|---|---|---|---|---|---|---|" + "---|" * len(FAMILIES)]
     for row in rows:
-        lines.append(f"| {row['k'] or 'plain'} | {row['wall_ms_per_round']:.2f} | "
+        lines.append(f"| {row['k'] or 'plain'} | {row['draft_head']} | {row['wall_ms_per_round']:.2f} | "
                      f"{row['wall_ms_per_round'] / plain['wall_ms_per_round']:.2f} | {row['gpu_ms_per_round']:.2f} | "
                      f"{row['gpu_ms_per_round'] / plain['gpu_ms_per_round']:.2f} | "
                      f"{(3 if row['k'] else 1) * 1e3 / row['wall_ms_per_round']:.1f} | "
@@ -129,6 +145,8 @@ def main() -> int:
     parser.add_argument("--ks", default="1,2,3,4,5,6,7",
                         help="speculative token counts, comma-separated (each engine start takes ~1-2 min in default "
                              "mode at 27B widths: split K = 1..7 over device calls)")
+    parser.add_argument("--draft-heads", default="fp8", help=f"comma-separated of {list(DRAFT_HEADS)}: the "
+                        "drafts' lm_head, each measured per K")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--eager", action="store_true")
     args = parser.parse_args()
@@ -147,9 +165,13 @@ def main() -> int:
             model = tmp
             make_checkpoint(tmp, dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1), "modelopt-w4a16",
                             device="cuda")
+        heads = args.draft_heads.split(",")
+        if not set(heads) <= set(DRAFT_HEADS):
+            parser.error(f"--draft-heads: expected some of {list(DRAFT_HEADS)}, got {args.draft_heads}")
+        runs = [(None, heads[0])] + [(int(part), head) for part in args.ks.split(",") for head in heads]
         rows = []
-        for k in [None, *(int(part) for part in args.ks.split(","))]:
-            rows.append(measure(model, k, args.eager, args.tokens))
+        for k, head in runs:
+            rows.append(measure(model, k, args.eager, args.tokens, head))
             text = table(rows, args)
             args.out.write_text(text)  # after every engine: a run stopped at its time limit keeps its rows
             print(text, flush=True)

@@ -17,11 +17,23 @@ def use_torch_allocator_for_triton() -> None:
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
+def _model_runner(llm):
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
 def engine_model(llm):
     """The model module an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor parallel 1) runs; None when
     it cannot be reached from here."""
     try:
-        return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
+        return _model_runner(llm).model
+    except AttributeError:
+        return None
+
+
+def drafter_model(llm):
+    """The speculative drafter's model module of an in-process engine (see engine_model); None without one."""
+    try:
+        return _model_runner(llm).drafter.model
     except AttributeError:
         return None
 
@@ -31,7 +43,7 @@ def cuda_graph_modes(llm) -> dict[str, object]:
     vLLM's downgrades for the attention backends' support) and how many FULL and PIECEWISE graphs its dispatcher
     holds (``full``, ``piecewise``). Empty where the runner cannot be reached (see engine_model)."""
     try:
-        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        runner = _model_runner(llm)
     except AttributeError:
         return {}
     from vllm.config import CUDAGraphMode

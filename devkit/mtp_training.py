@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_volta_fp4.format.checkpoint import FP8, NVFP4, Checkpoint
-from vllm_volta_fp4.format.nvfp4 import dequantize_fp8, dequantize_nvfp4
+from vllm_volta_fp4.format.nvfp4 import dequantize_fp8, dequantize_nvfp4, quantize_fp8, quantize_nvfp4
 from vllm_volta_fp4.testing.mtp_head import MTP_PREFIX, MtpHead
 from vllm_volta_fp4.testing.tiny_model import (
     HybridArch,
@@ -166,8 +166,10 @@ def _greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
 
 
 @torch.no_grad()
-def _rounds(model, mtp, tokens: list[int], prompt_len: int, k: int) -> list[int]:
-    """Accepted drafts per round of greedy speculation with ``k`` drafts over the target's greedy ``tokens``."""
+def _rounds(model, mtp, tokens: list[int], prompt_len: int, k: int, draft_head=None) -> list[int]:
+    """Accepted drafts per round of greedy speculation with ``k`` drafts over the target's greedy ``tokens``; the
+    drafts are scored by ``draft_head`` (default: the model's lm_head)."""
+    draft_head = draft_head or model.lm_head
     text = model.model.language_model
     ids = torch.tensor([tokens])
     hidden = text(input_ids=ids).last_hidden_state  # causal: the same as the engine's incremental states
@@ -180,7 +182,7 @@ def _rounds(model, mtp, tokens: list[int], prompt_len: int, k: int) -> list[int]
         drafts = []
         for step in range(k):
             out = mtp(inputs_embed, inputs_hidden, step)
-            draft = int(model.lm_head(out[0, -1]).argmax())
+            draft = int(draft_head(out[0, -1]).argmax())
             drafts.append(draft)
             inputs_embed = torch.cat([inputs_embed, embed(torch.tensor([[draft]]))], 1)
             inputs_hidden = torch.cat([inputs_hidden, out[:, -1:]], 1)
@@ -192,12 +194,26 @@ def _rounds(model, mtp, tokens: list[int], prompt_len: int, k: int) -> list[int]
     return accepted
 
 
-def acceptance(model, mtp, prompts: list[list[int]], new_tokens: int, max_k: int) -> dict[int, dict]:
+def quantized_draft_head(model, fmt: str):
+    """What the plugin's drafts score with (plugin/models/draft_head.py): the lm_head quantized to ``fmt`` ("fp8":
+    E4M3 with a scale per row, "nvfp4": as one NVFP4 tensor), here decoded back to float32."""
+    weight = model.lm_head.weight.detach()
+    if fmt == "nvfp4":
+        q = quantize_nvfp4(weight)
+        dense = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
+    else:
+        dense = dequantize_fp8(*quantize_fp8(weight, per_channel=True))
+    return lambda hidden: hidden @ dense.T
+
+
+def acceptance(model, mtp, prompts: list[list[int]], new_tokens: int, max_k: int,
+               draft_head=None) -> dict[int, dict]:
     """Per K: mean acceptance length (tokens per verification round) and per-position acceptance rates."""
     sequences = [(_greedy(model, prompt, new_tokens), len(prompt)) for prompt in prompts]
     results = {}
     for k in range(1, max_k + 1):
-        accepted = [a for tokens, prompt_len in sequences for a in _rounds(model, mtp, tokens, prompt_len, k)]
+        accepted = [a for tokens, prompt_len in sequences
+                    for a in _rounds(model, mtp, tokens, prompt_len, k, draft_head)]
         results[k] = {"rounds": len(accepted), "acceptance_length": 1 + sum(accepted) / len(accepted),
                       "position_rates": [sum(a > j for a in accepted) / len(accepted) for j in range(k)]}
     return results
@@ -256,8 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "training.json").write_text(json.dumps({"steps": args.steps, "seed": args.seed, "losses": losses}))
     prompts = held_out_prompts(args.out, args.seed, args.prompts)
     results = {}
-    for label, weights in (("float32 (as trained)", trained), (f"{args.format} (served)", served_weights(args.out))):
-        results[label] = acceptance(*load_models(config, weights), prompts, args.new_tokens, args.max_k)
+    served = f"{args.format} (served)"
+    runs = [("float32 (as trained)", trained, None), (served, served_weights(args.out), None),
+            *((f"{served}, drafts on the {fmt.upper()} lm_head copy", served_weights(args.out), fmt)
+              for fmt in ("fp8", "nvfp4"))]
+    for label, weights, head_format in runs:
+        model, mtp = load_models(config, weights)
+        head = quantized_draft_head(model, head_format) if head_format else None
+        results[label] = acceptance(model, mtp, prompts, args.new_tokens, args.max_k, head)
         for k, row in results[label].items():
             print(f"{label} K={k}: acceptance length {row['acceptance_length']:.2f} over {row['rounds']} rounds")
     table = results_table(args, results, losses, time.time() - start)

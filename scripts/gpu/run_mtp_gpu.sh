@@ -9,7 +9,8 @@
 # 2. benchmarks/mtp_round_cost.py (27B widths, default mode) under vLLM 0.20.2: K in $KS (default 1,2,3; an engine
 #    start is 1-2 min, so K = 4..7 need a call of their own: KS=4,5,6,7 SKIP="lossless acceptance").
 # Logs and tables land in $OUT. SKIP="lossless acceptance round-cost" leaves parts out; MODES (pytest -k) selects tests,
-# MTP_WORKERS runs them on pytest-xdist workers, DEADLINE bounds the call (run_steps.sh).
+# MTP_WORKERS runs them on pytest-xdist workers, DEADLINE bounds the call (run_steps.sh); ACCEPTANCE_VERSIONS (default:
+# VERSIONS) and ACCEPTANCE_ARGS (e.g. "--ks 3 --draft-heads fp8,nvfp4,fp16") shape the acceptance runs.
 set -uo pipefail
 VERSIONS=${VERSIONS:-"0.20.2 0.19.1"}
 source scripts/gpu/run_steps.sh
@@ -30,10 +31,10 @@ if ! skip lossless; then  # the versions side by side, MTP_WORKERS pytest-xdist 
   done
 fi
 if ! skip acceptance; then  # beside the lossless tests: a few small engines
-  step "vLLM's acceptance on the trained checkpoint, vLLM $VERSIONS"
-  for version in $VERSIONS; do  # one version after the other: its decode speed is measured
+  step "vLLM's acceptance on the trained checkpoint, vLLM ${ACCEPTANCE_VERSIONS:-$VERSIONS}"
+  for version in ${ACCEPTANCE_VERSIONS:-$VERSIONS}; do  # one version after the other: its decode speed is measured
     PYTHONPATH=${SITES[$version]}:$PYTHONPATH timeout "$(seconds_left)" python3 benchmarks/mtp_acceptance_vllm.py \
-      --model .mtp-trained --out "$OUT/mtp-acceptance-$version.md" --commit "${COMMIT:-unknown}" \
+      --model .mtp-trained --out "$OUT/mtp-acceptance-$version.md" --commit "${COMMIT:-unknown}" ${ACCEPTANCE_ARGS:-} \
       > "$OUT/mtp-acceptance-$version.log" 2>&1 || exit 1
   done &
   pids+=($!)

@@ -91,6 +91,11 @@ def test_a_draft_reads_the_mtp_layer_and_the_fp16_lm_head(mtp_shape):
     assert budget.mtp_weight_bytes(mtp_shape, quantized=True) > 2 * fc
     draft = budget.draft_step(mtp_shape, quantized=False, context=100)
     assert draft.families["linear"].bytes == 2 * mtp_params + 2 * 1000 * 64 + 2 * 64
+    # the plugin's copies of the head: a byte (FP8) or 4.5 bits (NVFP4) per weight and a float32 row scale
+    fp8 = budget.draft_step(mtp_shape, quantized=False, context=100, head="fp8")
+    assert fp8.families["linear"].bytes == 2 * mtp_params + (1000 * 64 + 4 + 4 * 1000) + 2 * 64
+    nvfp4 = budget.draft_step(mtp_shape, quantized=False, context=100, head="nvfp4")
+    assert nvfp4.families["linear"].bytes == 2 * mtp_params + (1000 * 64 * 9 // 16 + 4 + 4 * 1000) + 2 * 64
 
 
 def test_round_is_verification_plus_k_drafts(mtp_shape):
@@ -100,5 +105,8 @@ def test_round_is_verification_plus_k_drafts(mtp_shape):
         assert row["round"] == pytest.approx(row["verify"] + row["k"] * row["draft"])
         assert row["ratio"] == pytest.approx(row["round"] / row["plain"]) and row["ratio"] > 1
     assert all(later["round"] > earlier["round"] for earlier, later in zip(rows, rows[1:], strict=False))
+    fp8, nvfp4 = (budget.mtp_round_rows(mtp_shape, W4A16, quantized=False, head=head) for head in ("fp8", "nvfp4"))
+    assert all(a["round"] < b["round"] < c["round"] for a, b, c in zip(nvfp4, fp8, rows, strict=True))
     report = "\n".join(budget.mtp_report(mtp_shape))
-    assert "| 16-bit | 3 |" in report and "| NVFP4 | 3 |" in report
+    assert "| fp16 | 16-bit | 3 |" in report and "| FP8 copy | 16-bit | 3 |" in report
+    assert "| NVFP4 copy | NVFP4 | 3 |" in report

@@ -2,7 +2,8 @@
 (every producer format; the MTP module excluded from quantization as real exports ship it, or NVFP4 too) generates
 the same greedy tokens with ``speculative_config={"method": "mtp", "num_speculative_tokens": K}`` as without, for
 K = 1 and 3, one prompt alone (batch 1) and four together (batch 4), in vLLM's default mode (torch.compile + CUDA
-graphs, native custom ops) and eager.
+graphs, native custom ops) and eager. The drafter scores its drafts with the plugin's FP8 copy of lm_head (the
+default; plugin/models/draft_head.py), and the test checks it does.
 
 "mtp" is the method's name in vLLM 0.19.1, 0.20.2 and 0.32.0 alike ("qwen3_5_mtp" is a deprecated alias that each
 of them rewrites to "mtp"). The verification step runs our attention (query length K + 1 per sequence); the
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from devkit.engine import spec_decode_counters
+from devkit.engine import drafter_model, spec_decode_counters
 from tests.gpu.test_vllm_end_to_end import (
     ENGINE,
     MAX_TOKENS,
@@ -68,7 +69,10 @@ class SpecRuns:
             try:
                 alone = [generate_with(llm, [prompt], MAX_TOKENS)[0] for prompt in PROMPTS]
                 together = generate_with(llm, PROMPTS, MAX_TOKENS)
-                self.cache[key] = (alone, together, spec_decode_counters(llm))
+                drafter = drafter_model(llm)
+                head = drafter._modules.get("draft_head") if drafter is not None else None
+                counts = {**spec_decode_counters(llm), "draft_head": getattr(head, "fmt", None)}
+                self.cache[key] = (alone, together, counts)
             finally:
                 del llm
                 gc.collect()
@@ -97,3 +101,5 @@ def test_mtp_speculation_is_lossless(spec_runs, triton_allocator, fmt, mtp, mode
     assert_same_greedy(spec_together, plain_together, f"{what} batch 4, speculative vs plain")
     drafts = counts["num_drafts"]
     assert drafts > 0, f"{what}: the engine made no drafts ({counts}): speculation did not run"
+    head = counts["draft_head"]
+    assert head == "fp8", f"{what}: the drafter scores drafts with {head or 'the 16-bit head'}, not the FP8 copy"

@@ -209,13 +209,25 @@ def test_mtp_costs_its_fp16_weights_and_one_layers_kv_only_when_speculating(caps
     assert mtp.weights.fp16_linear_params == hand_mtp_params() and mtp.weights.nvfp4_params == 0  # "*mtp*" excluded
     assert mtp.weights.fp16_linear == hand_mtp_params() * 2
     assert mtp.kv_bytes_per_token == 2 * KV_HEADS * HEAD_DIM * 2  # one full-attention layer, fp16 K and V
-    assert speculating.weights_per_gpu - plain.weights_per_gpu == mtp.weight_bytes
+    # the drafts' FP8 lm_head copy (the default): a byte per weight + a float32 scale per row
+    assert mtp.draft_head_bytes == V * H + 4 + 4 * V
+    assert speculating.weights_per_gpu - plain.weights_per_gpu == mtp.weights.total + mtp.draft_head_bytes
     assert speculating.kv_bytes_per_token - plain.kv_bytes_per_token == mtp.kv_bytes_per_token
     assert '{"method": "mtp", "num_speculative_tokens": 3}' in speculating.vllm_flags()
     assert main(["plan", str(QWEN), "--gpu", "v100-32gb", "--max-model-len", "32768", "--speculative-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "MTP module (1 full-attention layer(s), fp16)" in out and "counted above" in out
+    assert "FP8 lm_head copy for the drafts" in out
     assert "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}'" in out
+
+
+def test_the_draft_head_copy_is_counted_in_its_format_or_not_at_all():
+    fp8, nvfp4, without = (qwen_plan(speculative_tokens=3, draft_head=head) for head in ("fp8", "nvfp4", None))
+    assert without.mtp.draft_head_bytes == 0 and "lm_head copy" not in format_plan(without)
+    assert nvfp4.mtp.draft_head_bytes == V * H * 9 // 16 + 4 + 4 * V  # 4.5 bits per weight + row scales
+    assert "NVFP4 lm_head copy for the drafts" in format_plan(nvfp4)
+    for plan in (fp8, nvfp4):
+        assert plan.weights_per_gpu - without.weights_per_gpu == plan.mtp.draft_head_bytes
 
 
 def test_speculating_without_an_mtp_module_is_a_clear_error(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from vllm_volta_fp4 import envs
 from vllm_volta_fp4.toolkit.planner import GPU_PRESETS, PlanError, ServeRequest, format_plan, parse_gpu, plan_for
 
 HELP = "will this model fit this GPU at this context length? weights, KV cache, reserves, and the vLLM flags"
@@ -29,7 +30,7 @@ def run(args) -> int:
     try:
         request = ServeRequest(parse_gpu(args.gpu), args.max_model_len, args.max_num_seqs, args.tp,
                                args.max_num_batched_tokens, args.enforce_eager, args.speculative_tokens,
-                               args.language_model_only)
+                               envs.draft_head_format(), args.language_model_only)
         plan = plan_for(args.model, request)
     except PlanError as error:
         print(f"volta-fp4 plan: {error}", file=sys.stderr)

@@ -388,19 +388,29 @@ def mtp_linear_shapes(shape: ModelShape) -> list[tuple[str, int, int]]:
 
 @dataclass(frozen=True)
 class MtpCost:
-    """What speculative decoding with the checkpoint's MTP module adds: its weights and its layers' KV cache."""
+    """What speculative decoding with the checkpoint's MTP module adds: its weights, the quantized copy of lm_head
+    its drafts score the vocabulary with (plugin/models/draft_head.py; 0 when VLLM_VOLTA_FP4_DRAFT_HEAD is off) and
+    its layers' KV cache."""
 
     weights: WeightBytes
     kv_bytes_per_token: int  # per GPU
+    draft_head_bytes: int = 0  # all GPUs together (split by vocabulary rows like lm_head)
 
     @property
     def weight_bytes(self) -> int:
-        return self.weights.total
+        return self.weights.total + self.draft_head_bytes
 
 
-def mtp_cost(shape: ModelShape, tensor_parallel: int = 1) -> MtpCost | None:
+def draft_head_bytes(shape: ModelShape, draft_head: str | None) -> int:
+    """Bytes of the drafts' lm_head copy in ``draft_head`` (``FP8``, ``NVFP4`` or None: no copy), all GPUs: the
+    stored weight and one float32 scale per row."""
+    return _stored_bytes(draft_head, shape.vocab, shape.hidden) + 4 * shape.vocab if draft_head else 0
+
+
+def mtp_cost(shape: ModelShape, tensor_parallel: int = 1, draft_head: str | None = FP8) -> MtpCost | None:
     """None for a model without an MTP module. Matrices are stored as the config's quantization section says
-    (real exports exclude "*mtp*": fp16), fp16 without one; the fc is always fp16 (ModelOpt keeps it so)."""
+    (real exports exclude "*mtp*": fp16), fp16 without one; the fc is always fp16 (ModelOpt keeps it so).
+    ``draft_head``: the format of the drafts' lm_head copy (None: no copy)."""
     if not shape.mtp_layers:
         return None
     quant = parse_quant_config(shape.quant_config) if shape.quant_config else None
@@ -413,7 +423,8 @@ def mtp_cost(shape: ModelShape, tensor_parallel: int = 1) -> MtpCost | None:
     norms = 3 * shape.hidden + shape.mtp_layers * (2 * shape.hidden + (2 * shape.head_dim if shape.qk_norm else 0))
     weights.other = norms * FP16_BYTES
     kv_heads_per_gpu = max(1, shape.kv_heads // tensor_parallel)
-    return MtpCost(weights, shape.mtp_layers * 2 * kv_heads_per_gpu * shape.head_dim * FP16_BYTES)
+    return MtpCost(weights, shape.mtp_layers * 2 * kv_heads_per_gpu * shape.head_dim * FP16_BYTES,
+                   draft_head_bytes(shape, draft_head))
 
 
 @dataclass(frozen=True)
@@ -425,6 +436,7 @@ class ServeRequest:
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     speculative_tokens: int = 0  # MTP speculative decoding with this many draft tokens (0: off)
+    draft_head: str | None = FP8  # the drafts' lm_head copy: FP8, NVFP4 or None (VLLM_VOLTA_FP4_DRAFT_HEAD)
     language_model_only: bool = False  # vLLM's --language-model-only: the vision tower is not loaded
 
     def __post_init__(self):
@@ -543,7 +555,7 @@ def check_tensor_parallel(shape: ModelShape, tp: int) -> None:
 
 def plan_memory(shape: ModelShape, weights: WeightBytes, request: ServeRequest) -> MemoryPlan:
     tp = request.tensor_parallel
-    mtp = mtp_cost(shape, tp)
+    mtp = mtp_cost(shape, tp, request.draft_head)
     if request.speculative_tokens and mtp is None:
         raise PlanError(f"{shape.name} has no MTP module (no mtp_num_hidden_layers in its config), so there is "
                         "nothing to speculate with; drop --speculative-tokens")
@@ -554,7 +566,7 @@ def plan_memory(shape: ModelShape, weights: WeightBytes, request: ServeRequest) 
     served = weights.total - (weights.vision if request.language_model_only else 0)
     weights_per_gpu = (served - weights.other) // tp + weights.other
     if speculating:
-        weights_per_gpu += (mtp.weights.total - mtp.weights.other) // tp + mtp.weights.other
+        weights_per_gpu += (mtp.weights.total - mtp.weights.other + mtp.draft_head_bytes) // tp + mtp.weights.other
     kv_token = kv_bytes_per_token(shape, tp) + (mtp.kv_bytes_per_token if speculating else 0)
     state_seq = state_bytes_per_sequence(shape, tp)
     scratch = weights.largest_fused_params // tp * FP16_BYTES  # dequantize + cuBLAS path of large batches
@@ -608,8 +620,10 @@ def _mtp_lines(plan: MemoryPlan) -> list[str]:
     kinds = ", ".join(sorted({kind for kind, params in (("NVFP4", mtp.weights.nvfp4_params),
                                                         ("FP8", mtp.weights.fp8_params),
                                                         ("fp16", mtp.weights.fp16_linear_params)) if params}))
+    head = (f" + {plan.request.draft_head.upper()} lm_head copy for the drafts "
+            f"{_gib(mtp.draft_head_bytes // tp).strip()}" if mtp.draft_head_bytes else "")
     return [f"MTP module ({plan.shape.mtp_layers} full-attention layer(s), {kinds}): weights "
-            f"{_gib(mtp.weights.total // tp).strip()} + KV cache {mtp.kv_bytes_per_token / 1024:.1f} KiB/token — "
+            f"{_gib(mtp.weights.total // tp).strip()}{head} + KV cache {mtp.kv_bytes_per_token / 1024:.1f} KiB/token — "
             + (f"counted above (speculating {on} tokens)" if on else "not counted (add --speculative-tokens K "
                "to plan MTP speculative decoding)")]
 
