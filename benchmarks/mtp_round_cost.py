@@ -14,11 +14,11 @@ split by kernel family) times the tokens per round. Implied tok/s at acceptance 
 
 Drafts score the vocabulary with the plugin's FP8 or NVFP4 copy of lm_head (plugin/models/draft_head.py) or, with
 ``--draft-heads fp16`` (VLLM_VOLTA_FP4_DRAFT_HEAD=0), with the 16-bit head as vLLM does; ``fp8,fp16`` measures
-both per K. The made checkpoint's vocabulary is tiny, so only ``--model`` with a real vocabulary (248,320) shows
-what the head costs.
+both per K. The made checkpoint's vocabulary is the tokenizer's (hundreds of tokens) unless ``--vocab`` sets it
+(248,320 is Qwen3.8's: the head's cost shows only at a real vocabulary).
 
     python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8 | --model DIR]
-        [--ks 1,2,3,4,5,6,7] [--draft-heads fp8,nvfp4,fp16] [--eager]
+        [--vocab 248320] [--ks 1,2,3,4,5,6,7] [--draft-heads fp8,nvfp4,fp16] [--eager]
 
 On the GPU machine: scripts/gpu/run_mtp_gpu.sh (after the lossless tests).
 """
@@ -142,6 +142,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=8, help="decoder layers of the checkpoint made here")
     parser.add_argument("--model", type=Path, help="an NVFP4 Qwen3.5-architecture checkpoint with its MTP module "
                         "instead (e.g. the full-depth one of benchmarks/full_depth_e2e.py)")
+    parser.add_argument("--vocab", type=int, help="vocabulary of the checkpoint made here (default: the tokenizer's)")
     parser.add_argument("--ks", default="1,2,3,4,5,6,7",
                         help="speculative token counts, comma-separated (each engine start takes ~1-2 min in default "
                              "mode at 27B widths: split K = 1..7 over device calls)")
@@ -153,7 +154,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm_volta_fp4
     from devkit.engine import use_torch_allocator_for_triton
-    from vllm_volta_fp4.testing.tiny_model import make_checkpoint, qwen3_8_27b
+    from vllm_volta_fp4.testing.tiny_model import make_checkpoint, qwen3_8_27b, stream_hybrid_checkpoint
 
     vllm_volta_fp4.register()
     use_torch_allocator_for_triton()
@@ -163,8 +164,11 @@ def main() -> int:
             args.layers = json.loads((args.model / "config.json").read_text())["text_config"]["num_hidden_layers"]
         else:
             model = tmp
-            make_checkpoint(tmp, dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1), "modelopt-w4a16",
-                            device="cuda")
+            shape = dataclasses.replace(qwen3_8_27b(args.layers), mtp_layers=1)
+            if args.vocab:  # layer by layer: the embeddings and lm_head alone are 2.5 GB each at 248,320
+                stream_hybrid_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda", vocab=args.vocab)
+            else:
+                make_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda")
         heads = args.draft_heads.split(",")
         if not set(heads) <= set(DRAFT_HEADS):
             parser.error(f"--draft-heads: expected some of {list(DRAFT_HEADS)}, got {args.draft_heads}")

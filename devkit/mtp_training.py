@@ -194,16 +194,25 @@ def _rounds(model, mtp, tokens: list[int], prompt_len: int, k: int, draft_head=N
     return accepted
 
 
-def quantized_draft_head(model, fmt: str):
+NOISE_SEED = 1
+
+
+def perturbed_draft_head(model, fmt: str):
     """What the plugin's drafts score with (plugin/models/draft_head.py): the lm_head quantized to ``fmt`` ("fp8":
-    E4M3 with a scale per row, "nvfp4": as one NVFP4 tensor), here decoded back to float32."""
+    E4M3 with a scale per row, "nvfp4": as one NVFP4 tensor), decoded back to float32; or, for ``fmt`` "noise", the
+    head plus seeded Gaussian noise of NVFP4's relative error (a control: what any perturbation of this size does)."""
     weight = model.lm_head.weight.detach()
+    q = quantize_nvfp4(weight)
+    nvfp4 = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
     if fmt == "nvfp4":
-        q = quantize_nvfp4(weight)
-        dense = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
-    else:
+        dense = nvfp4
+    elif fmt == "fp8":
         dense = dequantize_fp8(*quantize_fp8(weight, per_channel=True))
-    return lambda hidden: hidden @ dense.T
+    else:
+        noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(NOISE_SEED))
+        dense = weight + noise * (nvfp4 - weight).norm() / noise.norm()
+    relative_error = ((dense - weight).norm() / weight.norm()).item()
+    return (lambda hidden: hidden @ dense.T), relative_error
 
 
 def acceptance(model, mtp, prompts: list[list[int]], new_tokens: int, max_k: int,
@@ -240,7 +249,10 @@ def results_table(args, results: dict[str, dict[int, dict]], losses, seconds: fl
                 "token).")
     caveat = ("**This is a simulation in torch** of what greedy MTP speculation accepts with these weights, not a "
               "vLLM run, and the corpus is far more predictable than real text: it shows the head is trained and "
-              "wired as vLLM runs it, not what Qwen3.8 gets.")
+              "wired as vLLM runs it, not what Qwen3.8 gets. The rows with another head for the drafts (the "
+              "plugin's lm_head copies, and random noise as large as NVFP4's error as a control) show how much this "
+              "tiny model's acceptance moves when the drafts' logits move at all; they do not rank head formats for "
+              "a real model.")
     lines = ["# MTP acceptance of a tiny trained Qwen3.5 (CPU, torch simulation of greedy speculation)", "", setup, "",
              model, held_out, "", caveat, "",
              "| weights | K | rounds | acceptance length | acceptance rate per draft position |",
@@ -275,10 +287,14 @@ def main(argv: list[str] | None = None) -> int:
     served = f"{args.format} (served)"
     runs = [("float32 (as trained)", trained, None), (served, served_weights(args.out), None),
             *((f"{served}, drafts on the {fmt.upper()} lm_head copy", served_weights(args.out), fmt)
-              for fmt in ("fp8", "nvfp4"))]
+              for fmt in ("fp8", "nvfp4")),
+            (f"{served}, drafts on the lm_head + random noise (control)", served_weights(args.out), "noise")]
     for label, weights, head_format in runs:
         model, mtp = load_models(config, weights)
-        head = quantized_draft_head(model, head_format) if head_format else None
+        head = None
+        if head_format:
+            head, relative_error = perturbed_draft_head(model, head_format)
+            label += f" (relative weight error {100 * relative_error:.1f} %)"
         results[label] = acceptance(model, mtp, prompts, args.new_tokens, args.max_k, head)
         for k, row in results[label].items():
             print(f"{label} K={k}: acceptance length {row['acceptance_length']:.2f} over {row['rounds']} rounds")

@@ -6,9 +6,10 @@ verification round — on a V100 almost half of what the 64-layer decode step it
 Drafts only propose tokens; the main model's 16-bit head still scores verification, so the output is token for token
 what it is without speculation whatever the drafts' head: a draft whose argmax moves is at worst a rejected draft.
 This module quantizes the head once at load and gives the drafter its logits from our weight-only GEMMs:
-  * FP8 E4M3 with one scale per row (the default): 1.27 GB, 2.7 % relative weight error, drafts as good as the
-    16-bit head's on the tiny trained model (benchmarks/results/mtp-acceptance-cpu.md);
-  * NVFP4 (NVIDIA's recipe): 0.72 GB, 10 % relative weight error, fewer accepted drafts there.
+  * FP8 E4M3 with one scale per row (the default): 1.27 GB, ~3 % relative weight error, so the drafts' argmax
+    moves only where the 16-bit logits nearly tie;
+  * NVFP4 (NVIDIA's recipe): 0.72 GB, ~10 % relative weight error; half the reads again, more moved drafts.
+(Exports keep lm_head in 16 bits because its errors reach every output token; here they reach only the proposals.)
 
 DraftHeadMixin goes in front of vLLM's MTP model class (plugin/models/qwen3_5_mtp.py); it changes nothing unless the
 model is served by volta_nvfp4 where the plugin's CUDA kernels run, and VLLM_VOLTA_FP4_DRAFT_HEAD is not off."""
