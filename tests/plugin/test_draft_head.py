@@ -40,22 +40,36 @@ def expected_logits(weight: torch.Tensor, x: torch.Tensor, fmt: str) -> torch.Te
 
 
 def check_head(weight: torch.Tensor, x: torch.Tensor, fmt: str) -> None:
-    logits = QuantizedDraftHead(weight, fmt)(x)
+    bias = torch.linspace(-1, 1, weight.shape[0], device=weight.device).half()
+    logits = QuantizedDraftHead(weight, fmt)(x, bias)
     assert logits.shape == (x.shape[0], weight.shape[0]) and logits.dtype == torch.float16
-    want = expected_logits(weight, x, fmt)
+    want = expected_logits(weight, x, fmt) + bias.double().cpu()
     scale = want.abs().max().item()
     assert (logits.double().cpu() - want).abs().max().item() <= 2e-3 * scale  # fp16 output, fp32 accumulation
+
+
+def whole_row_groups(rows: int) -> None:
+    """The kernels' contract (csrc/driver/weight_gemm_driver.cpp): N and K are multiples of 16."""
+    if rows % 16:
+        raise RuntimeError(f"N = {rows} is not a multiple of 16")
 
 
 @pytest.fixture
 def reference_kernels(monkeypatch):
     """The kernel face on CPU: 'prepared' tensors are the serving tensors, the GEMM is the reference."""
+    def prepare_nvfp4(packed, block_scale, global_scale):
+        whole_row_groups(packed.shape[0])
+        return {"weight_tiles": packed, "row_scale": block_scale, "split_k_counters": torch.as_tensor(global_scale)}
+
+    def prepare_fp8(codes, scale):
+        whole_row_groups(codes.shape[0])
+        return {"weight_tiles": codes, "row_scale": scale}
+
     monkeypatch.setattr(linear, "runs_on", lambda tensor: True)
-    monkeypatch.setattr(linear, "prepare_nvfp4", lambda packed, block_scale, global_scale: {
-        "weight_tiles": packed, "row_scale": block_scale, "split_k_counters": torch.as_tensor(global_scale)})
+    monkeypatch.setattr(linear, "prepare_nvfp4", prepare_nvfp4)
     monkeypatch.setattr(linear, "nvfp4_linear", lambda x, t, bias=None: nvfp4_linear_reference(
         x.float(), t["weight_tiles"], t["row_scale"], t["split_k_counters"], bias).half())
-    monkeypatch.setattr(linear, "prepare_fp8", lambda codes, scale: {"weight_tiles": codes, "row_scale": scale})
+    monkeypatch.setattr(linear, "prepare_fp8", prepare_fp8)
     monkeypatch.setattr(linear, "fp8_linear", lambda x, t, bias=None: fp8_linear_reference(
         x.float(), t["weight_tiles"], t["row_scale"], bias).half())
 

@@ -73,14 +73,21 @@ class QuantizedDraftHead(nn.Module):
         super().__init__()
         prepare, self._gemm = _FORMATS[fmt]
         self.fmt, self.shape = fmt, tuple(weight.shape)
-        prepared = prepare(weight.detach())
+        # The GEMMs take whole 16-row groups; vLLM pads the head's rows to 64 already, other callers get zero rows
+        # that forward cuts off.
+        self._extra_rows = -weight.shape[0] % BLOCK_SIZE
+        weight = nn.functional.pad(weight.detach(), (0, 0, 0, self._extra_rows))
+        prepared = prepare(weight)
         self.tensor_names = tuple(prepared)
         for name, tensor in prepared.items():
             self.register_buffer(name, tensor, persistent=False)
         self.quant_method = DraftHeadMethod()
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self._gemm()(x, {name: getattr(self, name) for name in self.tensor_names}, bias)
+        if bias is not None:
+            bias = nn.functional.pad(bias, (0, self._extra_rows))
+        logits = self._gemm()(x, {name: getattr(self, name) for name in self.tensor_names}, bias)
+        return logits[..., :self.shape[0]] if self._extra_rows else logits
 
     def bytes(self) -> int:
         return sum(getattr(self, name).numel() * getattr(self, name).element_size() for name in self.tensor_names)
