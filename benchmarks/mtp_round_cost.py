@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from devkit.engine import DRAFT_HEADS
 from devkit.gpu_time import FAMILIES, gpu_time_per_decode_token
 
 # Published MTP acceptance lengths (tokens per round) of Qwen3.5/3.8 at K = 3 (or near it): SGLang's Qwen3.5 H200
@@ -77,17 +78,13 @@ def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
     return statistics.median(timed(tokens + 1) - timed(1) for _ in range(3))
 
 
-DRAFT_HEADS = {"fp8": "fp8", "nvfp4": "nvfp4", "fp16": "0"}  # --draft-heads → VLLM_VOLTA_FP4_DRAFT_HEAD
-
-
 def measure(model: str, k: int | None, eager: bool, tokens: int, draft_head: str = "fp8") -> dict:
     import torch
     from vllm import SamplingParams
 
-    from devkit.engine import drafter_model, spec_decode_counters
-    from vllm_volta_fp4 import envs
+    from devkit.engine import drafter_head, spec_decode_counters, use_draft_head
 
-    os.environ[envs.DRAFT_HEAD.name] = DRAFT_HEADS[draft_head]  # read when the drafter loads
+    use_draft_head(draft_head)
     prompt = [(7 * i + 11) % 300 + 5 for i in range(64)]
     llm = _engine(model, k, eager, 64 + 4 * tokens)
     try:
@@ -98,10 +95,8 @@ def measure(model: str, k: int | None, eager: bool, tokens: int, draft_head: str
         rounds = (spec_decode_counters(llm)["num_drafts"] - before) if k else tokens  # a round per draft
         if rounds <= 0:
             raise RuntimeError(f"K={k}: vLLM counted no speculative rounds; speculation did not run")
-        drafter = drafter_model(llm)
-        copy = getattr(drafter._modules.get("draft_head"), "fmt", "fp16") if drafter is not None else "fp16"
-        if k and copy != draft_head:
-            raise RuntimeError(f"K={k}: asked for the {draft_head} draft head, the drafter has {copy}")
+        if k and drafter_head(llm) != draft_head:
+            raise RuntimeError(f"K={k}: asked for the {draft_head} draft head, the drafter has {drafter_head(llm)}")
         tokens_per_round = tokens / rounds
         # kernel time per decoded token (the prompt's prefill subtracted), by family, scaled to a round
         gpu = gpu_time_per_decode_token(llm, [prompt], tokens)
@@ -170,8 +165,6 @@ def main() -> int:
             else:
                 make_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda")
         heads = args.draft_heads.split(",")
-        if not set(heads) <= set(DRAFT_HEADS):
-            parser.error(f"--draft-heads: expected some of {list(DRAFT_HEADS)}, got {args.draft_heads}")
         runs = [(None, heads[0])] + [(int(part), head) for part in args.ks.split(",") for head in heads]
         rows = []
         for k, head in runs:

@@ -38,6 +38,30 @@ def drafter_model(llm):
         return None
 
 
+DRAFT_HEADS = ("fp8", "nvfp4", "fp16")  # the drafts' lm_head: the plugin's copies, or the checkpoint's 16-bit head
+
+
+def use_draft_head(head: str) -> None:
+    """The drafts' lm_head (one of DRAFT_HEADS) of the next engine started in this process (the drafter reads
+    VLLM_VOLTA_FP4_DRAFT_HEAD when it loads)."""
+    import os
+
+    from vllm_volta_fp4 import envs
+
+    if head not in DRAFT_HEADS:
+        raise ValueError(f"drafts' lm_head {head!r}: expected one of {DRAFT_HEADS}")
+    os.environ[envs.DRAFT_HEAD.name] = "0" if head == "fp16" else head
+
+
+def drafter_head(llm) -> str | None:
+    """Which of DRAFT_HEADS an in-process engine's drafter scores with; None without a drafter."""
+    drafter = drafter_model(llm)
+    if drafter is None:
+        return None
+    copy = drafter._modules.get("draft_head")  # plugin/models/draft_head.py registers it when it makes one
+    return copy.fmt if copy is not None else "fp16"
+
+
 def cuda_graph_modes(llm) -> dict[str, object]:
     """What an in-process engine's model runner settled on for CUDA graphs: ``mode`` (the CUDAGraphMode name after
     vLLM's downgrades for the attention backends' support) and how many FULL and PIECEWISE graphs its dispatcher

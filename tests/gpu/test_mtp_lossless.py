@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from devkit.engine import drafter_model, spec_decode_counters
+from devkit.engine import drafter_head, spec_decode_counters
 from tests.gpu.test_vllm_end_to_end import (
     ENGINE,
     MAX_TOKENS,
@@ -69,9 +69,7 @@ class SpecRuns:
             try:
                 alone = [generate_with(llm, [prompt], MAX_TOKENS)[0] for prompt in PROMPTS]
                 together = generate_with(llm, PROMPTS, MAX_TOKENS)
-                drafter = drafter_model(llm)
-                head = drafter._modules.get("draft_head") if drafter is not None else None
-                counts = {**spec_decode_counters(llm), "draft_head": getattr(head, "fmt", None)}
+                counts = {**spec_decode_counters(llm), "draft_head": drafter_head(llm)}
                 self.cache[key] = (alone, together, counts)
             finally:
                 del llm
@@ -102,4 +100,4 @@ def test_mtp_speculation_is_lossless(spec_runs, triton_allocator, fmt, mtp, mode
     drafts = counts["num_drafts"]
     assert drafts > 0, f"{what}: the engine made no drafts ({counts}): speculation did not run"
     head = counts["draft_head"]
-    assert head == "fp8", f"{what}: the drafter scores drafts with {head or 'the 16-bit head'}, not the FP8 copy"
+    assert head == "fp8", f"{what}: the drafter scores drafts with {head}, not the FP8 copy"
