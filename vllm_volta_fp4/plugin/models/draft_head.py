@@ -76,7 +76,9 @@ class QuantizedDraftHead(nn.Module):
         # The GEMMs take whole 16-row groups; vLLM pads the head's rows to 64 already, other callers get zero rows
         # that forward cuts off.
         self._extra_rows = -weight.shape[0] % BLOCK_SIZE
-        weight = nn.functional.pad(weight.detach(), (0, 0, 0, self._extra_rows))
+        weight = weight.detach()
+        if self._extra_rows:  # (never a copy of a real head: 2.5 GB)
+            weight = nn.functional.pad(weight, (0, 0, 0, self._extra_rows))
         prepared = prepare(weight)
         self.tensor_names = tuple(prepared)
         for name, tensor in prepared.items():
