@@ -40,16 +40,37 @@ def _amax(weight: torch.Tensor) -> torch.Tensor:
     return amax
 
 
+def _quantized_rows(weight: torch.Tensor, quantize, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Fill ``outputs`` (row-aligned with ``weight``) chunk by chunk with ``quantize(chunk)``'s tensors: no second
+    full-size copy while the kernels' layout is made from them."""
+    row = 0
+    for chunk in _chunks(weight):
+        for output, part in zip(outputs, quantize(chunk), strict=True):
+            output[row:row + chunk.shape[0]] = part
+        row += chunk.shape[0]
+    return outputs
+
+
 def _prepared_nvfp4(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     global_scale = global_decode_scale(_amax(weight))  # one tensor: the scale sees every chunk
-    parts = [quantize_nvfp4(chunk, global_scale) for chunk in _chunks(weight)]
-    return linear.prepare_nvfp4(torch.cat([p.packed for p in parts]), torch.cat([p.block_scale for p in parts]),
-                                global_scale)
+    rows, cols = weight.shape
+
+    def quantize(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = quantize_nvfp4(chunk, global_scale)
+        return q.packed, q.block_scale
+
+    packed, block_scale = _quantized_rows(weight, quantize, (
+        weight.new_empty(rows, cols // 2, dtype=torch.uint8),
+        weight.new_empty(rows, cols // BLOCK_SIZE, dtype=torch.float8_e4m3fn)))
+    return linear.prepare_nvfp4(packed, block_scale, global_scale)
 
 
 def _prepared_fp8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    parts = [quantize_fp8(chunk, per_channel=True) for chunk in _chunks(weight)]
-    return linear.prepare_fp8(torch.cat([codes for codes, _ in parts]), torch.cat([scale for _, scale in parts]))
+    rows, cols = weight.shape
+    codes, scale = _quantized_rows(weight, lambda chunk: quantize_fp8(chunk, per_channel=True),
+                                   (weight.new_empty(rows, cols, dtype=torch.float8_e4m3fn),
+                                    weight.new_empty(rows, dtype=torch.float32)))
+    return linear.prepare_fp8(codes, scale)
 
 
 # format → (quantize + prepare, GEMM)
