@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.plugin.test_draft_head import CASES, FORMATS, Head, check_head
+from tests.plugin.test_draft_head import CASES, FORMATS, Head, check_head, quantized_dense
 from vllm_volta_fp4.ops import linear
 from vllm_volta_fp4.plugin.models import draft_head
 from vllm_volta_fp4.plugin.models.draft_head import draft_head_refusal
@@ -25,3 +25,12 @@ def test_head_logits_on_the_kernels(monkeypatch, rows, hidden, m, fmt):
     weight[rows // 2, 3] = 0.9
     assert draft_head_refusal(Head(weight), True) is None
     check_head(weight, torch.randn(m, hidden, device="cuda").half(), fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_quantizer_gives_the_same_head_on_cuda_and_cpu(fmt):
+    """The copy is quantized on the GPU; the recipe is the CPU reference's, bit for bit."""
+    torch.manual_seed(7)
+    weight = (torch.randn(1000, 256, device="cuda") * 0.05).half()
+    weight[500, 3] = 0.9
+    assert torch.equal(quantized_dense(weight, fmt).cpu(), quantized_dense(weight.cpu(), fmt))
