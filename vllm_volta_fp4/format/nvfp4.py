@@ -132,10 +132,17 @@ class NvFp4Weight:
         return self.packed.shape[0], self.packed.shape[1] * 2
 
 
+def _divide(x: torch.Tensor, constant: float) -> torch.Tensor:
+    """x / constant, correctly rounded on every device: CUDA divides by a Python number through its reciprocal
+    (one bit less exact), which moves values that sit on a rounding midpoint of E2M1 / E4M3 to the other side,
+    so the same weight would quantize differently on a GPU and on the CPU."""
+    return x / torch.tensor(constant, dtype=x.dtype, device=x.device)
+
+
 def global_decode_scale(amax: torch.Tensor) -> torch.Tensor:
     """Per-tensor decode scale that maps the tensor's amax onto E2M1_MAX * E4M3_MAX."""
     amax = amax.to(torch.float32)
-    return torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
+    return torch.where(amax > 0, _divide(amax, E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
 
 
 def quantize_nvfp4(weight: torch.Tensor, global_scale: torch.Tensor | None = None) -> NvFp4Weight:
@@ -153,7 +160,7 @@ def quantize_nvfp4(weight: torch.Tensor, global_scale: torch.Tensor | None = Non
     global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=w.device)
     blocks = w.reshape(rows, cols // BLOCK_SIZE, BLOCK_SIZE)
     block_amax = blocks.abs().amax(dim=-1)
-    block_scale = to_float8_e4m3fn(block_amax / E2M1_MAX / global_scale)
+    block_scale = to_float8_e4m3fn(_divide(block_amax, E2M1_MAX) / global_scale)
     effective = decode_e4m3(block_scale) * global_scale
     scaled = torch.where(effective[..., None] > 0, blocks / effective[..., None], torch.zeros_like(blocks))
     codes = encode_e2m1(scaled.reshape(rows, cols))
@@ -196,7 +203,7 @@ def quantize_fp8(weight: torch.Tensor, per_channel: bool = False) -> tuple[torch
     """Weight → (float8_e4m3fn weight, float32 scale) with amax/448 scaling, per tensor or per output row."""
     w = weight.to(torch.float32)
     amax = w.abs().amax(dim=1) if per_channel else w.abs().max()
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, _divide(amax, E4M3_MAX), torch.ones_like(amax))
     divisor = scale[:, None] if per_channel else scale
     return to_float8_e4m3fn(w / divisor), scale
 
