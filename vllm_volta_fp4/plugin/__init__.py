@@ -1,5 +1,5 @@
 """vLLM glue: the ``volta_nvfp4`` quantization config, its linear methods, the Volta attention backend, (on
-compute capability 7.x) the GDN layer on our Gated DeltaNet kernels, and the MTP drafter's NVFP4 lm_head.
+compute capability 7.x) the GDN layer on our Gated DeltaNet kernels, and the MTP drafter's quantized lm_head copy.
 Imported only when vLLM is."""
 
 from __future__ import annotations
@@ -15,4 +15,4 @@ def register_with_vllm() -> None:
     register_quantization_config(NAME)(VoltaNvfp4Config)
     register_attention_backend()  # vLLM's CUSTOM slot: --attention-backend CUSTOM
     register_gdn()  # compute capability 7.x unless VLLM_VOLTA_FP4_GDN says otherwise
-    register_models()  # Qwen3_5MTP drafts with an NVFP4 lm_head when volta_nvfp4 serves it
+    register_models()  # Qwen3_5MTP drafts with a quantized lm_head copy when volta_nvfp4 serves it
