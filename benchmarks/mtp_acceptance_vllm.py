@@ -9,10 +9,10 @@ simulation uses (same seed). A model this small is host-bound on any GPU: its sp
 speculation loop costs on the host, not what a 27B model gains (benchmarks/mtp_round_cost.py is that).
 
     python3 benchmarks/mtp_acceptance_vllm.py --model DIR --out results.md --commit abc1234 [--ks 1,2,3]
-        [--draft-heads fp8,nvfp4,fp16] [--mode eager]
+        [--draft-formats fp8,nvfp4,fp16] [--mode eager]
 
-``--draft-heads``: the lm_head copy the drafts score with (VLLM_VOLTA_FP4_DRAFT_HEAD; fp16 = the checkpoint's head,
-as vLLM drafts), each run at every K.
+``--draft-formats``: the drafter's weights — its layers and the lm_head copy its drafts score with
+(VLLM_VOLTA_FP4_DRAFT_WEIGHTS; fp16 = the checkpoint's, as vLLM drafts), each run at every K.
 """
 
 from __future__ import annotations
@@ -29,15 +29,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 
-def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tokens: int, head: str = "fp8") -> dict:
+def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tokens: int,
+        drafter: str = "fp8") -> dict:
     """Greedy tokens of every prompt alone (batch 1), decode seconds, and the spec-decode counters of the run."""
     import torch
     from vllm import LLM, SamplingParams
 
-    from devkit.engine import SPEC_DECODE_COUNTERS, spec_decode_counters, use_draft_head
+    from devkit.engine import SPEC_DECODE_COUNTERS, spec_decode_counters, use_draft_format
     from vllm_volta_fp4.testing.greedy import ENGINE_MODES, generate_with, supported_engine_args
 
-    use_draft_head(head)
+    use_draft_format(drafter)
 
     settings = {**ENGINE_MODES[mode], "model": str(model), "quantization": "volta_nvfp4", "dtype": "float16",
                 "max_model_len": 256, "max_num_seqs": 4, "gpu_memory_utilization": 0.3,
@@ -67,7 +68,7 @@ def run(model: Path, k: int | None, mode: str, prompts: list[list[int]], new_tok
             counts = {name: after[name] - before[name] for name in SPEC_DECODE_COUNTERS}
             counts["per_position"] = [a - b for a, b in
                                       zip(after["per_position"], before["per_position"] or [0.0] * k, strict=False)]
-        return {"k": k or 0, "draft_head": head if k else "", "generations": generations,
+        return {"k": k or 0, "drafter": drafter if k else "", "generations": generations,
                 "decode_tok_s": len(prompts) * (new_tokens - 1) / decode_seconds, **counts}
     finally:
         del llm
@@ -103,7 +104,7 @@ def table(rows: list[dict], args, gpu: str) -> str:
     count = len(plain["generations"])
     lines = [f"# MTP acceptance in vLLM: trained tiny Qwen3.5, volta_nvfp4, {args.mode} mode — {gpu}", "",
              f"Date {datetime.date.today()}, commit {args.commit}, vLLM {vllm.__version__}, "
-             f"`benchmarks/mtp_acceptance_vllm.py --ks {args.ks} --draft-heads {args.draft_heads}` on the "
+             f"`benchmarks/mtp_acceptance_vllm.py --ks {args.ks} --draft-formats {args.draft_formats}` on the "
              "checkpoint of "
              f"`python -m devkit.mtp_training --seed {args.seed}` ({args.model.name}).", "",
              f"{count} held-out prompts, each alone (batch 1), {args.new_tokens} greedy tokens. "
@@ -112,7 +113,7 @@ def table(rows: list[dict], args, gpu: str) -> str:
              f"plain engine's top two tokens were within {NEAR_TIE} in log-probability (verification computes K + 1 "
              "tokens in one forward: fp16 GEMMs of another shape round differently). The model is tiny and "
              "host-bound: its decode speed-up measures vLLM's speculation loop on the host, not a 27B model's gain.",
-             "", "| K | drafts' lm_head | drafts | acceptance length | acceptance rate per draft position | prompts "
+             "", "| K | drafter's weights | drafts | acceptance length | acceptance rate per draft position | prompts "
              "identical to plain | decode tok/s | × plain |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         same = agreement(row["generations"], plain["generations"])
@@ -120,7 +121,7 @@ def table(rows: list[dict], args, gpu: str) -> str:
             drafts = row["num_drafts"]
             length = f"{1 + row['num_accepted_tokens'] / drafts:.2f}" if drafts else "no drafts"
             rates = ", ".join(f"{value / drafts:.2f}" for value in row["per_position"]) if drafts else ""
-            lines.append(f"| {row['k']} | {row['draft_head']} | {drafts:.0f} | {length} | {rates} | {same} | "
+            lines.append(f"| {row['k']} | {row['drafter']} | {drafts:.0f} | {length} | {rates} | {same} | "
                          f"{row['decode_tok_s']:.0f} | {row['decode_tok_s'] / plain['decode_tok_s']:.2f} |")
         else:
             lines.append(f"| plain | | | | | | {row['decode_tok_s']:.0f} | 1.00 |")
@@ -136,8 +137,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--ks", default="1,2,3", help="speculative token counts, comma-separated")
-    parser.add_argument("--draft-heads", default="fp8", help="comma-separated of fp8, nvfp4, fp16 "
-                        "(devkit.engine.DRAFT_HEADS)")
+    parser.add_argument("--draft-formats", default="fp8", help="comma-separated of fp8, nvfp4, fp16 "
+                        "(devkit.engine.DRAFT_FORMATS)")
     parser.add_argument("--mode", choices=("default", "eager"), default="default")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -150,10 +151,10 @@ def main() -> int:
     vllm_volta_fp4.register()
     use_torch_allocator_for_triton()
     prompts = held_out_prompts(args.model, args.seed, args.prompts)
-    heads = args.draft_heads.split(",")
+    drafters = args.draft_formats.split(",")
     rows = []
-    for k, head in [(None, heads[0])] + [(int(k), head) for head in heads for k in args.ks.split(",")]:
-        rows.append(run(args.model, k, args.mode, prompts, args.new_tokens, head))
+    for k, fmt in [(None, drafters[0])] + [(int(k), fmt) for fmt in drafters for k in args.ks.split(",")]:
+        rows.append(run(args.model, k, args.mode, prompts, args.new_tokens, fmt))
         print(f"K={k or 0}: {({key: v for key, v in rows[-1].items() if key != 'generations'})}", flush=True)
     text = table(rows, args, torch.cuda.get_device_name(0))
     args.out.write_text(text)

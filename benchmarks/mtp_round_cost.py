@@ -12,13 +12,13 @@ time of N extra tokens over the same prompt with one token (as benchmarks/throug
 time: kernel time per decoded token from the torch profiler (devkit.gpu_time: the prompt's prefill subtracted,
 split by kernel family) times the tokens per round. Implied tok/s at acceptance length L: L / round.
 
-Drafts score the vocabulary with the plugin's FP8 or NVFP4 copy of lm_head (plugin/models/draft_head.py) or, with
-``--draft-heads fp16`` (VLLM_VOLTA_FP4_DRAFT_HEAD=0), with the 16-bit head as vLLM does; ``fp8,fp16`` measures
-both per K. The made checkpoint's vocabulary is the tokenizer's (hundreds of tokens) unless ``--vocab`` sets it
-(248,320 is Qwen3.8's: the head's cost shows only at a real vocabulary).
+The drafter runs its 16-bit layers quantized in place and scores the vocabulary with a copy of lm_head, both FP8 or
+NVFP4 (plugin/models/draft_weights.py) or, with ``--draft-formats fp16`` (VLLM_VOLTA_FP4_DRAFT_WEIGHTS=0), all in 16
+bits as vLLM drafts; ``fp8,fp16`` measures both per K. The made checkpoint's vocabulary is the tokenizer's (hundreds
+of tokens) unless ``--vocab`` sets it (248,320 is Qwen3.8's: the head's cost shows only at a real vocabulary).
 
     python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8 | --model DIR]
-        [--vocab 248320] [--ks 1,2,3,4,5,6,7] [--draft-heads fp8,nvfp4,fp16] [--eager]
+        [--vocab 248320] [--ks 1,2,3,4,5,6,7] [--draft-formats fp8,nvfp4,fp16] [--eager]
 
 On the GPU machine: scripts/gpu/run_mtp_gpu.sh (after the lossless tests).
 """
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from devkit.engine import DRAFT_HEADS
+from devkit.engine import DRAFT_FORMATS
 from devkit.gpu_time import FAMILIES, gpu_time_per_decode_token
 
 # Published MTP acceptance lengths (tokens per round) of Qwen3.5/3.8 at K = 3 (or near it): SGLang's Qwen3.5 H200
@@ -78,13 +78,13 @@ def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
     return statistics.median(timed(tokens + 1) - timed(1) for _ in range(3))
 
 
-def measure(model: str, k: int | None, eager: bool, tokens: int, draft_head: str = "fp8") -> dict:
+def measure(model: str, k: int | None, eager: bool, tokens: int, drafter: str = "fp8") -> dict:
     import torch
     from vllm import SamplingParams
 
-    from devkit.engine import drafter_head, spec_decode_counters, use_draft_head
+    from devkit.engine import drafter_format, spec_decode_counters, use_draft_format
 
-    use_draft_head(draft_head)
+    use_draft_format(drafter)
     prompt = [(7 * i + 11) % 300 + 5 for i in range(64)]
     llm = _engine(model, k, eager, 64 + 4 * tokens)
     try:
@@ -95,12 +95,12 @@ def measure(model: str, k: int | None, eager: bool, tokens: int, draft_head: str
         rounds = (spec_decode_counters(llm)["num_drafts"] - before) if k else tokens  # a round per draft
         if rounds <= 0:
             raise RuntimeError(f"K={k}: vLLM counted no speculative rounds; speculation did not run")
-        if k and drafter_head(llm) != draft_head:
-            raise RuntimeError(f"K={k}: asked for the {draft_head} draft head, the drafter has {drafter_head(llm)}")
+        if k and drafter_format(llm) != drafter:
+            raise RuntimeError(f"K={k}: asked for a drafter in {drafter}, it runs {drafter_format(llm)}")
         tokens_per_round = tokens / rounds
         # kernel time per decoded token (the prompt's prefill subtracted), by family, scaled to a round
         gpu = gpu_time_per_decode_token(llm, [prompt], tokens)
-        return {"k": k or 0, "draft_head": draft_head if k else "", "wall_ms_per_round": 1e3 * wall / rounds,
+        return {"k": k or 0, "drafter": drafter if k else "", "wall_ms_per_round": 1e3 * wall / rounds,
                 "tokens_per_round": tokens_per_round,
                 "gpu_ms_per_round": 1e3 * gpu["all"] * tokens_per_round,
                 "gpu_ms_by_family": {family: 1e3 * gpu.get(family, 0.0) * tokens_per_round for family in FAMILIES}}
@@ -116,12 +116,12 @@ def table(rows: list[dict], args) -> str:
              f"{'eager' if args.eager else 'default mode'}", "",
              f"Date {datetime.date.today()}, commit {args.commit}, GPU {args.gpu}.", "",
              f"Implied tok/s use acceptance length L = 3 ({PUBLISHED_ACCEPTANCE}).", "",
-             "| K | drafts' lm_head | wall ms / round | × plain step | GPU ms / round | × plain step | "
+             "| K | drafter's weights | wall ms / round | × plain step | GPU ms / round | × plain step | "
              "implied tok/s at L=3 | "
              + " | ".join(f"GPU ms {family}" for family in FAMILIES) + " |",
              "|---|---|---|---|---|---|---|" + "---|" * len(FAMILIES)]
     for row in rows:
-        lines.append(f"| {row['k'] or 'plain'} | {row['draft_head']} | {row['wall_ms_per_round']:.2f} | "
+        lines.append(f"| {row['k'] or 'plain'} | {row['drafter']} | {row['wall_ms_per_round']:.2f} | "
                      f"{row['wall_ms_per_round'] / plain['wall_ms_per_round']:.2f} | {row['gpu_ms_per_round']:.2f} | "
                      f"{row['gpu_ms_per_round'] / plain['gpu_ms_per_round']:.2f} | "
                      f"{(3 if row['k'] else 1) * 1e3 / row['wall_ms_per_round']:.1f} | "
@@ -141,8 +141,8 @@ def main() -> int:
     parser.add_argument("--ks", default="1,2,3,4,5,6,7",
                         help="speculative token counts, comma-separated (each engine start takes ~1-2 min in default "
                              "mode at 27B widths: split K = 1..7 over device calls)")
-    parser.add_argument("--draft-heads", default="fp8", help=f"comma-separated of {list(DRAFT_HEADS)}: the "
-                        "drafts' lm_head, each measured per K")
+    parser.add_argument("--draft-formats", default="fp8", help=f"comma-separated of {list(DRAFT_FORMATS)}: the "
+                        "drafter's weights (layers and lm_head copy), each measured per K")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--eager", action="store_true")
     args = parser.parse_args()
@@ -164,11 +164,11 @@ def main() -> int:
                 stream_hybrid_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda", vocab=args.vocab)
             else:
                 make_checkpoint(tmp, shape, "modelopt-w4a16", device="cuda")
-        heads = args.draft_heads.split(",")
-        runs = [(None, heads[0])] + [(int(part), head) for part in args.ks.split(",") for head in heads]
+        drafters = args.draft_formats.split(",")
+        runs = [(None, drafters[0])] + [(int(part), fmt) for part in args.ks.split(",") for fmt in drafters]
         rows = []
-        for k, head in runs:
-            rows.append(measure(model, k, args.eager, args.tokens, head))
+        for k, fmt in runs:
+            rows.append(measure(model, k, args.eager, args.tokens, fmt))
             text = table(rows, args)
             args.out.write_text(text)  # after every engine: a run stopped at its time limit keeps its rows
             print(text, flush=True)

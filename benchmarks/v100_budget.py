@@ -13,9 +13,10 @@ lm_head are fp16 as real exports keep them; GDN in_proj_b/a stay fp16.
 
 MTP speculation (K drafts, batch 1): a round is one verification forward of K + 1 tokens (weights read once, the
 attention's KV once, the GDN state read once and written per token) plus K draft forwards of the MTP module, each
-reading its layer, its fc and a full-vocabulary lm_head: the main model's fp16 one (vLLM's Qwen3.5 MTP proposer
-scores drafts with it) or the plugin's FP8 (the default) or NVFP4 copy of it (plugin/models/draft_head.py); against
-a plain decode step; with the MTP layer in 16 bits (as exports ship it) and in NVFP4.
+reading its layer, its fc and a full-vocabulary lm_head; against a plain decode step. The drafter's weights: 16-bit
+as vLLM drafts (its 16-bit layers, the main model's fp16 head), or quantized by the plugin to FP8 (the default) or
+NVFP4 — its 16-bit layers in place and a copy of the head (plugin/models/draft_weights.py); with the checkpoint's MTP
+layer in 16 bits (as exports ship it) and in NVFP4 (then only the fc is the drafter's to quantize).
 
     python benchmarks/v100_budget.py [--out benchmarks/results/v100-budget-model.md]
 """
@@ -221,26 +222,31 @@ def verify_step(shape: planner.ModelShape, engine: Engine, tokens: int, context:
     return step
 
 
-def mtp_weight_bytes(shape: planner.ModelShape, quantized: bool) -> float:
-    """The MTP module's matrices as served: 16-bit (real exports exclude "*mtp*") or NVFP4 (a checkpoint that
-    quantizes the layer); its fc stays 16-bit either way (ModelOpt keeps it so)."""
-    return sum(planner._stored_bytes(NVFP4 if quantized and module != "mtp.fc" else UNQUANTIZED, rows, cols)
-               for module, rows, cols in planner.mtp_linear_shapes(shape))
+def mtp_weight_bytes(shape: planner.ModelShape, quantized: bool, drafter: str | None = None) -> float:
+    """The MTP module's matrices as served: the checkpoint's layer 16-bit (real exports exclude "*mtp*") or NVFP4
+    (``quantized``), its fc 16-bit either way (ModelOpt keeps it so); the 16-bit ones in the ``drafter`` format
+    (FP8 or NVFP4) where the plugin quantizes them, else 16-bit."""
+    def served(module: str, rows: int, cols: int) -> float:
+        if quantized and module != "mtp.fc":
+            return planner._stored_bytes(NVFP4, rows, cols)
+        return planner.drafter_stored_bytes(drafter, rows, cols) if drafter else rows * cols * FP16
+
+    return sum(served(*matrix) for matrix in planner.mtp_linear_shapes(shape))
 
 
-def draft_head_bytes(shape: planner.ModelShape, head: str | None) -> float:
-    """The lm_head a draft reads: the fp16 head (None) or the plugin's copy in ``head`` (FP8 or NVFP4)."""
-    return planner.draft_head_bytes(shape, head) if head else shape.vocab * shape.hidden * FP16
+def draft_head_bytes(shape: planner.ModelShape, drafter: str | None) -> float:
+    """The lm_head a draft reads: the fp16 head (None) or the plugin's copy in the ``drafter`` format."""
+    return planner.draft_head_bytes(shape, drafter) if drafter else shape.vocab * shape.hidden * FP16
 
 
-def draft_step(shape: planner.ModelShape, quantized: bool, context: int, head: str | None = None) -> Step:
+def draft_step(shape: planner.ModelShape, quantized: bool, context: int, drafter: str | None = None) -> Step:
     """One draft forward of the MTP module at batch 1: its layer(s) and fc, a full-vocabulary lm_head (draft_head_bytes)
     and an embedding row; attention over the MTP layer's own KV cache."""
     step = Step()
     h, i = shape.hidden, shape.intermediate
     mtp_params = sum(r * c for _, r, c in planner.mtp_linear_shapes(shape))
     linear = step.families["linear"]
-    linear.bytes = mtp_weight_bytes(shape, quantized) + draft_head_bytes(shape, head) + h * FP16
+    linear.bytes = mtp_weight_bytes(shape, quantized, drafter) + draft_head_bytes(shape, drafter) + h * FP16
     linear.flops = 2 * (mtp_params + shape.vocab * h)
     attention = step.families["attention"]
     attention.bytes = shape.mtp_layers * ((context + 1) * kv_bytes_per_token(shape) + query_output_bytes(shape))
@@ -256,11 +262,12 @@ MTP_CONTEXT = 2048
 PUBLISHED_ACCEPTANCE = (2.8, 3.8)  # Qwen3.8 MTP at K = 3, the figures issue #16 quotes (tokens per round)
 
 
-def mtp_round_rows(shape: planner.ModelShape, engine: Engine, quantized: bool, head: str | None = None) -> list[dict]:
+def mtp_round_rows(shape: planner.ModelShape, engine: Engine, quantized: bool,
+                   drafter: str | None = None) -> list[dict]:
     """Per K: the round's time at 870 GB/s, its parts, its ratio to a plain decode step, and the acceptance
     length at which speculation breaks even (= that ratio: a round must yield as many tokens as it costs steps)."""
     plain = decode_seconds(decode_step(shape, engine, 1, MTP_CONTEXT))
-    draft = decode_seconds(draft_step(shape, quantized, MTP_CONTEXT, head))
+    draft = decode_seconds(draft_step(shape, quantized, MTP_CONTEXT, drafter))
     rows = []
     for k in MTP_KS:
         verify = decode_seconds(verify_step(shape, engine, k + 1, MTP_CONTEXT))
@@ -358,41 +365,47 @@ def report(shape: planner.ModelShape) -> str:
     return "\n".join(lines + mtp_report(shape))
 
 
-DRAFT_HEADS = {None: "fp16", FP8: "FP8 copy", NVFP4: "NVFP4 copy"}
+DRAFTERS = {None: "16-bit (vLLM)", FP8: "FP8 (default)", NVFP4: "NVFP4"}
 
 
 def mtp_report(shape: planner.ModelShape) -> list[str]:
     if not shape.mtp_layers:
         return []
     nvfp4 = ENGINES[0]
-    sizes = ", ".join(f"{name} {draft_head_bytes(shape, head) / 1e9:.2f} GB" for head, name in DRAFT_HEADS.items())
+    layer = ", ".join(f"{name} {mtp_weight_bytes(shape, False, fmt) / 1e9:.2f} GB" for fmt, name in DRAFTERS.items())
+    heads = ", ".join(f"{name} {draft_head_bytes(shape, fmt) / 1e9:.2f} GB" for fmt, name in DRAFTERS.items())
     lines = [f"## MTP speculation: one round at batch 1, context {MTP_CONTEXT}, {nvfp4.name}", "",
-             f"MTP module: {shape.mtp_layers} full-attention layer(s) + fc; 16-bit as exports ship it "
-             f"{mtp_weight_bytes(shape, False) / 1e9:.2f} GB, NVFP4 {mtp_weight_bytes(shape, True) / 1e9:.2f} GB "
-             "(fc 16-bit). Every draft also scores the full vocabulary: with the main model's fp16 lm_head (as vLLM "
-             "drafts) or with the plugin's copy of it (FP8 by default; verification keeps the fp16 head) — "
-             f"{sizes}. Break-even = the acceptance length (tokens per round) at which a round pays for itself; "
-             f"tok/s at the published Qwen3.8 acceptance lengths {' and '.join(map(str, PUBLISHED_ACCEPTANCE))} "
-             "(K = 3; shown where ≤ K + 1), as if the copy accepted as many drafts as the fp16 head.", "",
-             "| drafts' lm_head | MTP layer | K | verify ms | draft ms (each) | round ms | × plain step = break-even "
-             "acceptance | " + " | ".join(f"tok/s at {a}" for a in PUBLISHED_ACCEPTANCE) + " |",
+             f"MTP module: {shape.mtp_layers} full-attention layer(s) + fc, 16-bit as exports ship it; served by "
+             f"the drafter's format: {layer} (an NVFP4 layer in the checkpoint: "
+             f"{mtp_weight_bytes(shape, True) / 1e9:.2f} GB with a 16-bit fc). Every draft also scores the full "
+             f"vocabulary: with the main model's fp16 lm_head (as vLLM drafts) or with the plugin's copy of it in the "
+             f"drafter's format (verification keeps the fp16 head) — {heads}. Break-even = the acceptance length "
+             "(tokens per round) at which a round pays for itself; tok/s at the published Qwen3.8 acceptance "
+             f"lengths {' and '.join(map(str, PUBLISHED_ACCEPTANCE))} (K = 3; shown where ≤ K + 1), as if the "
+             "quantized drafter accepted as many drafts as the 16-bit one.", "",
+             "| drafter's weights | checkpoint's MTP layer | K | verify ms | draft ms (each) | round ms | × plain step "
+             "= break-even acceptance | " + " | ".join(f"tok/s at {a}" for a in PUBLISHED_ACCEPTANCE) + " |",
              "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(PUBLISHED_ACCEPTANCE)]
-    rows = {(head, quantized): mtp_round_rows(shape, nvfp4, quantized, head)
-            for head in DRAFT_HEADS for quantized in (False, True)}
-    for (head, quantized), rows_of_format in rows.items():
+    rows = {(fmt, quantized): mtp_round_rows(shape, nvfp4, quantized, fmt)
+            for fmt in DRAFTERS for quantized in (False, True)}
+    for (fmt, quantized), rows_of_format in rows.items():
         for row in rows_of_format:
             rates = [f"{a / row['round']:.1f}" if a <= row["k"] + 1 else "—" for a in PUBLISHED_ACCEPTANCE]
-            lines.append(f"| {DRAFT_HEADS[head]} | {'NVFP4' if quantized else '16-bit'} | {row['k']} | "
+            lines.append(f"| {DRAFTERS[fmt]} | {'NVFP4' if quantized else '16-bit'} | {row['k']} | "
                          f"{_ms(row['verify'])} | {_ms(row['draft'])} | {_ms(row['round'])} | {row['ratio']:.2f} | "
                          + " | ".join(rates) + " |")
     plain = rows[(None, False)][0]["plain"]
-    k3 = "; ".join(f"{DRAFT_HEADS[head]} {rows[(head, False)][2]['ratio']:.3f}× ({rows[(head, True)][2]['ratio']:.2f}× "
-                   "with an NVFP4 MTP layer)" for head in DRAFT_HEADS)
-    reads = ", ".join(f"{DRAFT_HEADS[head]} {draft_head_bytes(shape, head) / v100.HBM_READ_BYTES_PER_S * 1e3:.1f} ms"
-                      for head in DRAFT_HEADS)
+    k3 = "; ".join(f"{DRAFTERS[fmt]} {rows[(fmt, False)][2]['ratio']:.3f}× ({rows[(fmt, True)][2]['ratio']:.3f}× "
+                   "with an NVFP4 MTP layer in the checkpoint)" for fmt in DRAFTERS)
+    reads = ", ".join(f"{DRAFTERS[fmt]} {draft_step_ms(shape, fmt):.2f} ms" for fmt in DRAFTERS)
     lines += ["", f"Plain step: {_ms(plain)} ms ({1 / plain:.1f} tok/s). A K = 3 round with the 16-bit MTP layer "
-              f"costs, by the drafts' head: {k3} (issue #16's goal: ≤ 1.3×). One draft's head read: {reads}.", ""]
+              f"of real exports costs, by the drafter's weights: {k3} (issue #16's goal: ≤ 1.3×). One draft: {reads}.",
+              ""]
     return lines
+
+
+def draft_step_ms(shape: planner.ModelShape, drafter: str | None) -> float:
+    return decode_seconds(draft_step(shape, False, MTP_CONTEXT, drafter)) * 1e3
 
 
 def main() -> int:

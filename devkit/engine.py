@@ -38,28 +38,37 @@ def drafter_model(llm):
         return None
 
 
-DRAFT_HEADS = ("fp8", "nvfp4", "fp16")  # the drafts' lm_head: the plugin's copies, or the checkpoint's 16-bit head
+DRAFT_FORMATS = ("fp8", "nvfp4", "fp16")  # the MTP drafter's weights: the plugin's quantizations, or as loaded
 
 
-def use_draft_head(head: str) -> None:
-    """The drafts' lm_head (one of DRAFT_HEADS) of the next engine started in this process (the drafter reads
-    VLLM_VOLTA_FP4_DRAFT_HEAD when it loads)."""
+def use_draft_format(fmt: str) -> None:
+    """The MTP drafter's weight format (one of DRAFT_FORMATS) of the next engine started in this process (the
+    drafter reads VLLM_VOLTA_FP4_DRAFT_WEIGHTS when it loads)."""
     import os
 
     from vllm_volta_fp4 import envs
 
-    if head not in DRAFT_HEADS:
-        raise ValueError(f"drafts' lm_head {head!r}: expected one of {DRAFT_HEADS}")
-    os.environ[envs.DRAFT_HEAD.name] = "0" if head == "fp16" else head
+    if fmt not in DRAFT_FORMATS:
+        raise ValueError(f"drafter weights {fmt!r}: expected one of {DRAFT_FORMATS}")
+    os.environ[envs.DRAFT_WEIGHTS.name] = "0" if fmt == "fp16" else fmt
 
 
-def drafter_head(llm) -> str | None:
-    """Which of DRAFT_HEADS an in-process engine's drafter scores with; None without a drafter."""
+def drafter_format(llm) -> str | None:
+    """Which of DRAFT_FORMATS an in-process engine's drafter runs with — its lm_head copy and the layers it
+    quantized in place ("fp16": no copy, or a 16-bit layer left); "mixed fp16+fp8" and the like when they differ;
+    None without a drafter."""
+    from vllm_volta_fp4.plugin.models.draft_weights import DraftLinearMethod, sixteen_bit_layers
+
     drafter = drafter_model(llm)
     if drafter is None:
         return None
-    copy = drafter._modules.get("draft_head")  # plugin/models/draft_head.py registers it when it makes one
-    return copy.fmt if copy is not None else "fp16"
+    copy = drafter._modules.get("draft_head")  # plugin/models/draft_weights.py registers it when it makes one
+    formats = {copy.fmt if copy is not None else "fp16"}
+    formats |= {module.quant_method.fmt for module in drafter.modules()
+                if isinstance(getattr(module, "quant_method", None), DraftLinearMethod)}
+    if sixteen_bit_layers(drafter):
+        formats.add("fp16")
+    return formats.pop() if len(formats) == 1 else "mixed " + "+".join(sorted(formats))
 
 
 def cuda_graph_modes(llm) -> dict[str, object]:

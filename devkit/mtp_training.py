@@ -197,20 +197,29 @@ def _rounds(model, mtp, tokens: list[int], prompt_len: int, k: int, draft_head=N
 NOISE_SEED = 1
 
 
-def perturbed_draft_head(model, fmt: str):
-    """What the plugin's drafts score with (plugin/models/draft_head.py): the lm_head quantized to ``fmt`` ("fp8":
-    E4M3 with a scale per row, "nvfp4": as one NVFP4 tensor), decoded back to float32; or, for ``fmt`` "noise", the
-    head plus seeded Gaussian noise of NVFP4's relative error (a control: what any perturbation of this size does)."""
-    weight = model.lm_head.weight.detach()
+def perturbed_weight(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``weight`` as the plugin's drafter serves it (plugin/models/draft_weights.py), decoded back to float32: "fp8"
+    (E4M3 with a scale per row), "nvfp4" (as one NVFP4 tensor); or, for "noise", plus seeded Gaussian noise of
+    NVFP4's relative error (a control: what any perturbation of this size does)."""
     q = quantize_nvfp4(weight)
     nvfp4 = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale)
     if fmt == "nvfp4":
-        dense = nvfp4
-    elif fmt == "fp8":
-        dense = dequantize_fp8(*quantize_fp8(weight, per_channel=True))
-    else:
-        noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(NOISE_SEED))
-        dense = weight + noise * (nvfp4 - weight).norm() / noise.norm()
+        return nvfp4
+    if fmt == "fp8":
+        return dequantize_fp8(*quantize_fp8(weight, per_channel=True))
+    noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(NOISE_SEED))
+    return weight + noise * (nvfp4 - weight).norm() / noise.norm()
+
+
+@torch.no_grad()
+def perturbed_drafter(model, mtp, fmt: str):
+    """What the plugin's drafter runs with ``fmt``: the MTP module's 16-bit matrices replaced in ``mtp`` and a copy
+    of lm_head for the drafts (verification keeps the model's); the head function and the head's relative error."""
+    for module in mtp.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.copy_(perturbed_weight(module.weight, fmt))
+    weight = model.lm_head.weight.detach()
+    dense = perturbed_weight(weight, fmt)
     relative_error = ((dense - weight).norm() / weight.norm()).item()
     return (lambda hidden: hidden @ dense.T), relative_error
 
@@ -286,15 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     served = f"{args.format} (served)"
     runs = [("float32 (as trained)", trained, None), (served, served_weights(args.out), None),
-            *((f"{served}, drafts on the {fmt.upper()} lm_head copy", served_weights(args.out), fmt)
+            *((f"{served}, {fmt.upper()} drafter (MTP layer and lm_head copy)", served_weights(args.out), fmt)
               for fmt in ("fp8", "nvfp4")),
-            (f"{served}, drafts on the lm_head + random noise (control)", served_weights(args.out), "noise")]
-    for label, weights, head_format in runs:
+            (f"{served}, drafter's weights + random noise (control)", served_weights(args.out), "noise")]
+    for label, weights, drafter_format in runs:
         model, mtp = load_models(config, weights)
         head = None
-        if head_format:
-            head, relative_error = perturbed_draft_head(model, head_format)
-            label += f" (relative weight error {100 * relative_error:.1f} %)"
+        if drafter_format:
+            head, relative_error = perturbed_drafter(model, mtp, drafter_format)
+            label += f" (lm_head relative error {100 * relative_error:.1f} %)"
         results[label] = acceptance(model, mtp, prompts, args.new_tokens, args.max_k, head)
         for k, row in results[label].items():
             print(f"{label} K={k}: acceptance length {row['acceptance_length']:.2f} over {row['rounds']} rounds")

@@ -33,16 +33,17 @@ GEMV_MAX_M = Variable("VLLM_VOLTA_FP4_GEMV_MAX_M", "an integer ≥ 0",
 CUBLAS_MIN_M = Variable("VLLM_VOLTA_FP4_CUBLAS_MIN_M", "an integer ≥ 1",
                         "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 65)")
 DRAFT_FP8, DRAFT_NVFP4 = "fp8", "nvfp4"
-DRAFT_HEAD = Variable("VLLM_VOLTA_FP4_DRAFT_HEAD", "fp8 / 1 / on, nvfp4 or 0 / off / fp16",
-                      "the lm_head copy MTP drafts score the vocabulary with, where the plugin's CUDA kernels run "
-                      "(unset: fp8; off: the checkpoint's 16-bit head, as vLLM drafts)")
+DRAFT_WEIGHTS = Variable("VLLM_VOLTA_FP4_DRAFT_WEIGHTS", "fp8 / 1 / on, nvfp4 or 0 / off / fp16",
+                         "the format of the MTP drafter's 16-bit weights (its layers, quantized in place) and of the "
+                         "lm_head copy its drafts score the vocabulary with, where the plugin's CUDA kernels run "
+                         "(unset: fp8; off: 16 bits, as vLLM drafts)")
 BUILD_EXT = Variable("VLLM_VOLTA_FP4_BUILD_EXT", "1 (build or fail) or 0",
                      "at build: 1 builds the CUDA extension without a CUDA compiler (NVRTC/ptxas kernel image + C++ "
                      "host code on torch's stable ABI; what tools/build_wheel.sh sets); unset/0: pure Python")
 TORCH_INCLUDE = Variable("VLLM_VOLTA_FP4_TORCH_INCLUDE", "an existing directory",
                          "at build: torch >= 2.10's C++ headers for the extension's host code (unset: the build "
                          "environment's torch)")
-VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, DRAFT_HEAD, BUILD_EXT, TORCH_INCLUDE)
+VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, DRAFT_WEIGHTS, BUILD_EXT, TORCH_INCLUDE)
 
 
 def _raw(variable: Variable) -> str | None:
@@ -105,13 +106,14 @@ def cublas_min_m() -> int | None:
     return _count(CUBLAS_MIN_M, 1)
 
 
-def draft_head_format() -> str | None:
-    """DRAFT_FP8 (default), DRAFT_NVFP4, or None (drafts use the 16-bit head)."""
-    value = _raw(DRAFT_HEAD)
+def draft_weights_format() -> str | None:
+    """DRAFT_FP8 (default), DRAFT_NVFP4, or None (the drafter keeps its 16-bit weights and drafts with the 16-bit
+    head)."""
+    value = _raw(DRAFT_WEIGHTS)
     choices = {None: DRAFT_FP8, "": DRAFT_FP8, "1": DRAFT_FP8, "on": DRAFT_FP8, "true": DRAFT_FP8, "yes": DRAFT_FP8,
                "fp8": DRAFT_FP8, "nvfp4": DRAFT_NVFP4, "0": None, "off": None, "false": None, "no": None, "fp16": None}
     if value not in choices:
-        raise _invalid(DRAFT_HEAD)
+        raise _invalid(DRAFT_WEIGHTS)
     return choices[value]
 
 

@@ -13,7 +13,7 @@
 #   4  eager mode: w4a16 and fp16 at 4096 and 8192
 #   5  the ModelOpt mixed checkpoint (a second ~19 GB) and mixed:default:4096,8192
 #   6  issue #16's MTP round cost at full depth on the W4A16 checkpoint (it carries the MTP module): a plain engine
-#      and K in ${KS:-3}, drafts on the FP8 lm_head copy and on the fp16 head (${DRAFT_HEADS:-fp8,fp16};
+#      and K in ${KS:-3}, drafts on the FP8 lm_head copy and on the fp16 head (${DRAFT_FORMATS:-fp8,fp16};
 #      benchmarks/mtp_round_cost.py --model), default mode
 #   7  fp16-offload:default:4096, alone: cpu_offload_gb to fit 32 GB through the kit's stand-in for vLLM's UVA op
 #      (if it fails, PCIe H2D is measured and the row is a MODEL). Its start (27 GB offloaded, load + compile) took
@@ -78,7 +78,7 @@ if (( STAGE == 6 )); then
   step "MTP round cost at full depth, K = ${KS:-3}"
   GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" timeout "$(seconds_left)" \
     python3 benchmarks/mtp_round_cost.py --model "$WORK/ct-w4a16" --ks "${KS:-3}" --out "$OUT/mtp-round-cost-64.md" \
-    --draft-heads "${DRAFT_HEADS:-fp8,fp16}" \
+    --draft-formats "${DRAFT_FORMATS:-fp8,fp16}" \
     --commit "${COMMIT:-uncommitted}" > "$OUT/mtp-round-cost-64.log" 2>&1 || status=1
   cat "$OUT/mtp-round-cost-64.md" 2> /dev/null || tail -20 "$OUT/mtp-round-cost-64.log"
 fi

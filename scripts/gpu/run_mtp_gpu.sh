@@ -10,7 +10,7 @@
 #    start is 1-2 min, so K = 4..7 need a call of their own: KS=4,5,6,7 SKIP="lossless acceptance").
 # Logs and tables land in $OUT. SKIP="lossless acceptance round-cost" leaves parts out; MODES (pytest -k) selects tests,
 # MTP_WORKERS runs them on pytest-xdist workers, DEADLINE bounds the call (run_steps.sh); ACCEPTANCE_VERSIONS (default:
-# VERSIONS) and ACCEPTANCE_ARGS (e.g. "--ks 3 --draft-heads fp8,nvfp4,fp16") shape the acceptance runs.
+# VERSIONS) and ACCEPTANCE_ARGS (e.g. "--ks 3 --draft-formats fp8,nvfp4,fp16") shape the acceptance runs.
 set -uo pipefail
 VERSIONS=${VERSIONS:-"0.20.2 0.19.1"}
 source scripts/gpu/run_steps.sh

@@ -83,19 +83,27 @@ def test_verification_reads_weights_once_and_kv_once(mtp_shape):
     assert four.families["GDN"].bytes == 3 * (5 * state + 4 * 2 * (2 * (2 * 16 + 2 * 16 + 4 * 16) + 2 * 4 * 16))
 
 
-def test_a_draft_reads_the_mtp_layer_and_the_fp16_lm_head(mtp_shape):
-    mtp_params = sum(r * c for _, r, c in planner.mtp_linear_shapes(mtp_shape))
+def test_a_draft_reads_the_mtp_layer_and_the_lm_head_in_the_drafters_format(mtp_shape):
+    matrices = planner.mtp_linear_shapes(mtp_shape)
+    mtp_params = sum(r * c for _, r, c in matrices)
     fc = 64 * 128
     assert budget.mtp_weight_bytes(mtp_shape, quantized=False) == 2 * mtp_params
     assert budget.mtp_weight_bytes(mtp_shape, quantized=True) < 2 * mtp_params / 2  # 4.5 bits but the fc
     assert budget.mtp_weight_bytes(mtp_shape, quantized=True) > 2 * fc
     draft = budget.draft_step(mtp_shape, quantized=False, context=100)
     assert draft.families["linear"].bytes == 2 * mtp_params + 2 * 1000 * 64 + 2 * 64
-    # the plugin's copies of the head: a byte (FP8) or 4.5 bits (NVFP4) per weight and a float32 row scale
-    fp8 = budget.draft_step(mtp_shape, quantized=False, context=100, head="fp8")
-    assert fp8.families["linear"].bytes == 2 * mtp_params + (1000 * 64 + 4 + 4 * 1000) + 2 * 64
-    nvfp4 = budget.draft_step(mtp_shape, quantized=False, context=100, head="nvfp4")
-    assert nvfp4.families["linear"].bytes == 2 * mtp_params + (1000 * 64 * 9 // 16 + 4 + 4 * 1000) + 2 * 64
+    # the plugin's drafter: its 16-bit layers and a copy of the head at a byte (FP8) or 4.5 bits (NVFP4) per weight,
+    # a float32 scale per row
+    rows = sum(r for _, r, _ in matrices)
+    fp8 = budget.draft_step(mtp_shape, quantized=False, context=100, drafter="fp8")
+    fp8_layers = mtp_params + 4 * len(matrices) + 4 * rows
+    assert fp8.families["linear"].bytes == fp8_layers + (1000 * 64 + 4 + 4 * 1000) + 2 * 64
+    nvfp4 = budget.draft_step(mtp_shape, quantized=False, context=100, drafter="nvfp4")
+    nvfp4_layers = sum(r * c * 9 // 16 + 4 + 4 * r for _, r, c in matrices)
+    assert nvfp4.families["linear"].bytes == nvfp4_layers + (1000 * 64 * 9 // 16 + 4 + 4 * 1000) + 2 * 64
+    # an NVFP4 layer in the checkpoint: the drafter quantizes only its 16-bit fc
+    assert (budget.mtp_weight_bytes(mtp_shape, quantized=True) - budget.mtp_weight_bytes(mtp_shape, True, "fp8")
+            == 2 * fc - (fc + 4 + 4 * 64))
 
 
 def test_round_is_verification_plus_k_drafts(mtp_shape):
@@ -105,8 +113,8 @@ def test_round_is_verification_plus_k_drafts(mtp_shape):
         assert row["round"] == pytest.approx(row["verify"] + row["k"] * row["draft"])
         assert row["ratio"] == pytest.approx(row["round"] / row["plain"]) and row["ratio"] > 1
     assert all(later["round"] > earlier["round"] for earlier, later in zip(rows, rows[1:], strict=False))
-    fp8, nvfp4 = (budget.mtp_round_rows(mtp_shape, W4A16, quantized=False, head=head) for head in ("fp8", "nvfp4"))
+    fp8, nvfp4 = (budget.mtp_round_rows(mtp_shape, W4A16, quantized=False, drafter=fmt) for fmt in ("fp8", "nvfp4"))
     assert all(a["round"] < b["round"] < c["round"] for a, b, c in zip(nvfp4, fp8, rows, strict=True))
     report = "\n".join(budget.mtp_report(mtp_shape))
-    assert "| fp16 | 16-bit | 3 |" in report and "| FP8 copy | 16-bit | 3 |" in report
-    assert "| NVFP4 copy | NVFP4 | 3 |" in report
+    assert "| 16-bit (vLLM) | 16-bit | 3 |" in report and "| FP8 (default) | 16-bit | 3 |" in report
+    assert "| NVFP4 | NVFP4 | 3 |" in report

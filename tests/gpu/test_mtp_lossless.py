@@ -2,8 +2,8 @@
 (every producer format; the MTP module excluded from quantization as real exports ship it, or NVFP4 too) generates
 the same greedy tokens with ``speculative_config={"method": "mtp", "num_speculative_tokens": K}`` as without, for
 K = 1 and 3, one prompt alone (batch 1) and four together (batch 4), in vLLM's default mode (torch.compile + CUDA
-graphs, native custom ops) and eager. The drafter scores its drafts with the plugin's FP8 copy of lm_head (the
-default; plugin/models/draft_head.py), and the test checks it does.
+graphs, native custom ops) and eager. The drafter runs its 16-bit layers quantized to FP8 and scores its drafts with
+the plugin's FP8 copy of lm_head (the default; plugin/models/draft_weights.py), and the test checks it does.
 
 "mtp" is the method's name in vLLM 0.19.1, 0.20.2 and 0.32.0 alike ("qwen3_5_mtp" is a deprecated alias that each
 of them rewrites to "mtp"). The verification step runs our attention (query length K + 1 per sequence); the
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from devkit.engine import drafter_head, spec_decode_counters
+from devkit.engine import drafter_format, spec_decode_counters
 from tests.gpu.test_vllm_end_to_end import (
     ENGINE,
     MAX_TOKENS,
@@ -69,7 +69,7 @@ class SpecRuns:
             try:
                 alone = [generate_with(llm, [prompt], MAX_TOKENS)[0] for prompt in PROMPTS]
                 together = generate_with(llm, PROMPTS, MAX_TOKENS)
-                counts = {**spec_decode_counters(llm), "draft_head": drafter_head(llm)}
+                counts = {**spec_decode_counters(llm), "drafter": drafter_format(llm)}
                 self.cache[key] = (alone, together, counts)
             finally:
                 del llm
@@ -99,5 +99,5 @@ def test_mtp_speculation_is_lossless(spec_runs, triton_allocator, fmt, mtp, mode
     assert_same_greedy(spec_together, plain_together, f"{what} batch 4, speculative vs plain")
     drafts = counts["num_drafts"]
     assert drafts > 0, f"{what}: the engine made no drafts ({counts}): speculation did not run"
-    head = counts["draft_head"]
-    assert head == "fp8", f"{what}: the drafter scores drafts with {head}, not the FP8 copy"
+    drafter = counts["drafter"]
+    assert drafter == "fp8", f"{what}: the drafter runs {drafter} weights, not FP8 layers and lm_head copy"

@@ -17,6 +17,7 @@ from vllm_volta_fp4.toolkit.planner import (
     activation_bytes,
     format_plan,
     model_shape,
+    mtp_linear_shapes,
     parse_gpu,
     plan_for,
     plan_memory,
@@ -203,31 +204,36 @@ def hand_mtp_params() -> int:
     return H * 2 * H + attention + 3 * H * I  # fc, one full-attention layer, its MLP
 
 
-def test_mtp_costs_its_fp16_weights_and_one_layers_kv_only_when_speculating(capsys):
+def test_mtp_costs_its_weights_and_one_layers_kv_only_when_speculating(capsys):
     plain, speculating = qwen_plan(), qwen_plan(speculative_tokens=3)
     mtp = plain.mtp
-    assert mtp.weights.fp16_linear_params == hand_mtp_params() and mtp.weights.nvfp4_params == 0  # "*mtp*" excluded
-    assert mtp.weights.fp16_linear == hand_mtp_params() * 2
+    # "*mtp*" is excluded, so its 16-bit matrices are what the drafter quantizes (FP8 by default): a byte per weight
+    # and a float32 scale per row
+    assert mtp.weights.fp8_params == hand_mtp_params()
+    assert mtp.weights.fp16_linear_params == mtp.weights.nvfp4_params == 0
+    assert mtp.weights.fp8 == hand_mtp_params() + sum(4 + 4 * rows for _, rows, _ in mtp_linear_shapes(plain.shape))
     assert mtp.kv_bytes_per_token == 2 * KV_HEADS * HEAD_DIM * 2  # one full-attention layer, fp16 K and V
-    # the drafts' FP8 lm_head copy (the default): a byte per weight + a float32 scale per row
-    assert mtp.draft_head_bytes == V * H + 4 + 4 * V
+    assert mtp.draft_head_bytes == V * H + 4 + 4 * V  # the drafts' FP8 lm_head copy, likewise
     assert speculating.weights_per_gpu - plain.weights_per_gpu == mtp.weights.total + mtp.draft_head_bytes
     assert speculating.kv_bytes_per_token - plain.kv_bytes_per_token == mtp.kv_bytes_per_token
     assert '{"method": "mtp", "num_speculative_tokens": 3}' in speculating.vllm_flags()
     assert main(["plan", str(QWEN), "--gpu", "v100-32gb", "--max-model-len", "32768", "--speculative-tokens", "3"]) == 0
     out = capsys.readouterr().out
-    assert "MTP module (1 full-attention layer(s), fp16)" in out and "counted above" in out
+    assert "MTP module (1 full-attention layer(s), FP8)" in out and "counted above" in out
     assert "FP8 lm_head copy for the drafts" in out
     assert "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}'" in out
 
 
-def test_the_draft_head_copy_is_counted_in_its_format_or_not_at_all():
-    fp8, nvfp4, without = (qwen_plan(speculative_tokens=3, draft_head=head) for head in ("fp8", "nvfp4", None))
-    assert without.mtp.draft_head_bytes == 0 and "lm_head copy" not in format_plan(without)
+def test_the_drafter_weights_are_counted_in_their_format():
+    fp8, nvfp4, off = (qwen_plan(speculative_tokens=3, draft_format=fmt) for fmt in ("fp8", "nvfp4", None))
+    assert off.mtp.draft_head_bytes == 0 and "lm_head copy" not in format_plan(off)
+    assert off.mtp.weights.fp16_linear == hand_mtp_params() * 2 and "layer(s), fp16)" in format_plan(off)
     assert nvfp4.mtp.draft_head_bytes == V * H * 9 // 16 + 4 + 4 * V  # 4.5 bits per weight + row scales
+    assert nvfp4.mtp.weights.nvfp4_params == hand_mtp_params()
     assert "NVFP4 lm_head copy for the drafts" in format_plan(nvfp4)
+    assert off.mtp.weights.total > fp8.mtp.weights.total > nvfp4.mtp.weights.total  # the layers shrink in place
     for plan in (fp8, nvfp4):
-        assert plan.weights_per_gpu - without.weights_per_gpu == plan.mtp.draft_head_bytes
+        assert plan.weights_per_gpu - off.weights_per_gpu == (plan.mtp.weight_bytes - off.mtp.weight_bytes)
 
 
 def test_speculating_without_an_mtp_module_is_a_clear_error(tmp_path):
@@ -243,7 +249,7 @@ def test_checkpoint_weights_leave_the_mtp_module_to_the_speculation_line(mtp_che
     model_dir = mtp_checkpoints[("ct-w4a16", "unquantized")]
     weights = weights_from_checkpoint(model_dir)
     assert not any(module.startswith("mtp.") for module in weights.fp16_linear_modules)
-    plan = plan_for(model_dir, ServeRequest(parse_gpu("2"), 1024, speculative_tokens=1))
+    plan = plan_for(model_dir, ServeRequest(parse_gpu("2"), 1024, speculative_tokens=1, draft_format=None))
     assert plan.mtp is not None and plan.mtp.weights.fp16_linear_params > 0
 
 

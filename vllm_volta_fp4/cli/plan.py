@@ -30,7 +30,7 @@ def run(args) -> int:
     try:
         request = ServeRequest(parse_gpu(args.gpu), args.max_model_len, args.max_num_seqs, args.tp,
                                args.max_num_batched_tokens, args.enforce_eager, args.speculative_tokens,
-                               envs.draft_head_format(), args.language_model_only)
+                               envs.draft_weights_format(), args.language_model_only)
         plan = plan_for(args.model, request)
     except PlanError as error:
         print(f"volta-fp4 plan: {error}", file=sys.stderr)

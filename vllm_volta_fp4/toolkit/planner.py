@@ -388,9 +388,10 @@ def mtp_linear_shapes(shape: ModelShape) -> list[tuple[str, int, int]]:
 
 @dataclass(frozen=True)
 class MtpCost:
-    """What speculative decoding with the checkpoint's MTP module adds: its weights, the quantized copy of lm_head
-    its drafts score the vocabulary with (plugin/models/draft_head.py; 0 when VLLM_VOLTA_FP4_DRAFT_HEAD is off) and
-    its layers' KV cache."""
+    """What speculative decoding with the checkpoint's MTP module adds: its weights as served (the layers the
+    checkpoint left 16-bit quantized to the drafter's format: plugin/models/draft_weights.py), the quantized copy of
+    lm_head its drafts score the vocabulary with (0 when VLLM_VOLTA_FP4_DRAFT_WEIGHTS is off) and its layers' KV
+    cache."""
 
     weights: WeightBytes
     kv_bytes_per_token: int  # per GPU
@@ -401,16 +402,21 @@ class MtpCost:
         return self.weights.total + self.draft_head_bytes
 
 
-def draft_head_bytes(shape: ModelShape, draft_head: str | None) -> int:
-    """Bytes of the drafts' lm_head copy in ``draft_head`` (``FP8``, ``NVFP4`` or None: no copy), all GPUs: the
-    stored weight and one float32 scale per row."""
-    return _stored_bytes(draft_head, shape.vocab, shape.hidden) + 4 * shape.vocab if draft_head else 0
+def drafter_stored_bytes(draft_format: str, rows: int, cols: int) -> int:
+    """Bytes of a [rows, cols] 16-bit weight the drafter quantizes to ``draft_format`` (FP8 or NVFP4): the stored
+    weight and one float32 scale per row."""
+    return _stored_bytes(draft_format, rows, cols) + 4 * rows
 
 
-def mtp_cost(shape: ModelShape, tensor_parallel: int = 1, draft_head: str | None = FP8) -> MtpCost | None:
+def draft_head_bytes(shape: ModelShape, draft_format: str | None) -> int:
+    """Bytes of the drafts' lm_head copy in ``draft_format`` (``FP8``, ``NVFP4`` or None: no copy), all GPUs."""
+    return drafter_stored_bytes(draft_format, shape.vocab, shape.hidden) if draft_format else 0
+
+
+def mtp_cost(shape: ModelShape, tensor_parallel: int = 1, draft_format: str | None = FP8) -> MtpCost | None:
     """None for a model without an MTP module. Matrices are stored as the config's quantization section says
-    (real exports exclude "*mtp*": fp16), fp16 without one; the fc is always fp16 (ModelOpt keeps it so).
-    ``draft_head``: the format of the drafts' lm_head copy (None: no copy)."""
+    (real exports exclude "*mtp*": 16-bit), 16-bit without one; the fc is always 16-bit (ModelOpt keeps it so).
+    ``draft_format``: what the drafter quantizes its 16-bit matrices and its lm_head copy to (None: nothing)."""
     if not shape.mtp_layers:
         return None
     quant = parse_quant_config(shape.quant_config) if shape.quant_config else None
@@ -419,12 +425,15 @@ def mtp_cost(shape: ModelShape, tensor_parallel: int = 1, draft_head: str | None
         kind = UNQUANTIZED
         if quant and module != "mtp.fc" and not quant.is_excluded(_fused_name(module)):
             kind = quant.scheme_for(module).kind
-        _add_linear(weights, {}, module, kind, rows * cols, _stored_bytes(kind, rows, cols))
+        if kind == UNQUANTIZED and draft_format:
+            _add_linear(weights, {}, module, draft_format, rows * cols, drafter_stored_bytes(draft_format, rows, cols))
+        else:
+            _add_linear(weights, {}, module, kind, rows * cols, _stored_bytes(kind, rows, cols))
     norms = 3 * shape.hidden + shape.mtp_layers * (2 * shape.hidden + (2 * shape.head_dim if shape.qk_norm else 0))
     weights.other = norms * FP16_BYTES
     kv_heads_per_gpu = max(1, shape.kv_heads // tensor_parallel)
     return MtpCost(weights, shape.mtp_layers * 2 * kv_heads_per_gpu * shape.head_dim * FP16_BYTES,
-                   draft_head_bytes(shape, draft_head))
+                   draft_head_bytes(shape, draft_format))
 
 
 @dataclass(frozen=True)
@@ -436,7 +445,7 @@ class ServeRequest:
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     speculative_tokens: int = 0  # MTP speculative decoding with this many draft tokens (0: off)
-    draft_head: str | None = FP8  # the drafts' lm_head copy: FP8, NVFP4 or None (VLLM_VOLTA_FP4_DRAFT_HEAD)
+    draft_format: str | None = FP8  # the MTP drafter's weights: FP8, NVFP4 or None (VLLM_VOLTA_FP4_DRAFT_WEIGHTS)
     language_model_only: bool = False  # vLLM's --language-model-only: the vision tower is not loaded
 
     def __post_init__(self):
@@ -555,7 +564,7 @@ def check_tensor_parallel(shape: ModelShape, tp: int) -> None:
 
 def plan_memory(shape: ModelShape, weights: WeightBytes, request: ServeRequest) -> MemoryPlan:
     tp = request.tensor_parallel
-    mtp = mtp_cost(shape, tp, request.draft_head)
+    mtp = mtp_cost(shape, tp, request.draft_format)
     if request.speculative_tokens and mtp is None:
         raise PlanError(f"{shape.name} has no MTP module (no mtp_num_hidden_layers in its config), so there is "
                         "nothing to speculate with; drop --speculative-tokens")
@@ -620,7 +629,7 @@ def _mtp_lines(plan: MemoryPlan) -> list[str]:
     kinds = ", ".join(sorted({kind for kind, params in (("NVFP4", mtp.weights.nvfp4_params),
                                                         ("FP8", mtp.weights.fp8_params),
                                                         ("fp16", mtp.weights.fp16_linear_params)) if params}))
-    head = (f" + {plan.request.draft_head.upper()} lm_head copy for the drafts "
+    head = (f" + {plan.request.draft_format.upper()} lm_head copy for the drafts "
             f"{_gib(mtp.draft_head_bytes // tp).strip()}" if mtp.draft_head_bytes else "")
     return [f"MTP module ({plan.shape.mtp_layers} full-attention layer(s), {kinds}): weights "
             f"{_gib(mtp.weights.total // tp).strip()}{head} + KV cache {mtp.kv_bytes_per_token / 1024:.1f} KiB/token — "
