@@ -258,10 +258,10 @@ def results_table(args, results: dict[str, dict[int, dict]], losses, seconds: fl
                 "token).")
     caveat = ("**This is a simulation in torch** of what greedy MTP speculation accepts with these weights, not a "
               "vLLM run, and the corpus is far more predictable than real text: it shows the head is trained and "
-              "wired as vLLM runs it, not what Qwen3.8 gets. The rows with another head for the drafts (the "
-              "plugin's lm_head copies, and random noise as large as NVFP4's error as a control) show how much this "
-              "tiny model's acceptance moves when the drafts' logits move at all; they do not rank head formats for "
-              "a real model.")
+              "wired as vLLM runs it, not what Qwen3.8 gets. The rows with the drafter's weights perturbed (the "
+              "plugin's FP8 and NVFP4 drafters: MTP layer quantized and drafts on a quantized lm_head copy; and "
+              "random noise as large as NVFP4's error as a control) show how much this tiny model's acceptance moves "
+              "when the drafts' logits move at all; they do not rank the formats for a real model.")
     lines = ["# MTP acceptance of a tiny trained Qwen3.5 (CPU, torch simulation of greedy speculation)", "", setup, "",
              model, held_out, "", caveat, "",
              "| weights | K | rounds | acceptance length | acceptance rate per draft position |",

@@ -13,7 +13,7 @@
 #   4  eager mode: w4a16 and fp16 at 4096 and 8192
 #   5  the ModelOpt mixed checkpoint (a second ~19 GB) and mixed:default:4096,8192
 #   6  issue #16's MTP round cost at full depth on the W4A16 checkpoint (it carries the MTP module): a plain engine
-#      and K in ${KS:-3}, drafts on the FP8 lm_head copy and on the fp16 head (${DRAFT_FORMATS:-fp8,fp16};
+#      and K in ${KS:-3}, the FP8 drafter (layer + lm_head copy) and the 16-bit one (${DRAFT_FORMATS:-fp8,fp16};
 #      benchmarks/mtp_round_cost.py --model), default mode
 #   7  fp16-offload:default:4096, alone: cpu_offload_gb to fit 32 GB through the kit's stand-in for vLLM's UVA op
 #      (if it fails, PCIe H2D is measured and the row is a MODEL). Its start (27 GB offloaded, load + compile) took
