@@ -117,6 +117,12 @@ def draft_weights_format() -> str | None:
     return choices[value]
 
 
+def compile_factors() -> dict[str, object]:
+    """The settings that change what the plugin puts into a compiled graph (which GEMM op the MTP drafter calls, a
+    forced MMA atom passed to every GEMM as a constant), for vLLM's torch.compile cache key."""
+    return {"mma": mma_atom(), "draft_weights": draft_weights_format() or "16-bit"}
+
+
 def build_extension() -> bool:
     """Whether setup.py builds the CUDA extension (and fails if it cannot)."""
     value = _raw(BUILD_EXT)

@@ -29,7 +29,6 @@ from vllm_volta_fp4.plugin.models.draft_weights import (
     QuantizedDraftHead,
     draft_weights_refusal,
     quantize_layer_in_place,
-    record_draft_format,
     weight_refusal,
 )
 
@@ -130,12 +129,12 @@ class FakeMtpModel(nn.Module):
     """What the mixin relies on in vLLM's Qwen3_5MTP: quant_config, lm_head.weight, logits_processor(head, h),
     load_weights, compute_logits and its linear layers (fc and one layer's projections here)."""
 
-    def __init__(self, *, vllm_config, prefix: str = ""):  # vLLM's signature; the fake's weights ride on the config
+    def __init__(self, quant_config, weight: torch.Tensor, layers: dict[str, nn.Module] | None = None):
         super().__init__()
-        self.quant_config = vllm_config.quant_config
+        self.quant_config = quant_config
         self.lm_head = nn.Module()
-        self.lm_head.weight = nn.Parameter(vllm_config.head_weight, requires_grad=False)
-        self.layers = nn.ModuleDict(vllm_config.layers)
+        self.lm_head.weight = nn.Parameter(weight, requires_grad=False)
+        self.layers = nn.ModuleDict(layers or {})
         self.base_logits_calls = 0
 
     def logits_processor(self, head, hidden_states):
@@ -151,13 +150,6 @@ class FakeMtpModel(nn.Module):
 
 class Drafter(DraftWeightsMixin, FakeMtpModel):
     pass
-
-
-def make_drafter(quant_config, weight: torch.Tensor, layers: dict[str, nn.Module] | None = None) -> Drafter:
-    from types import SimpleNamespace
-
-    return Drafter(vllm_config=SimpleNamespace(quant_config=quant_config, additional_config={}, head_weight=weight,
-                                               layers=layers or {}))
 
 
 def volta_config():
@@ -181,7 +173,7 @@ def test_drafter_scores_drafts_with_the_copy_and_keeps_its_head(reference_kernel
     set_draft_weights(monkeypatch, setting)
     torch.manual_seed(0)
     weight = (torch.randn(160, 64) * 0.05).half()
-    drafter = make_drafter(volta_config(), weight.clone())
+    drafter = Drafter(volta_config(), weight.clone())
     assert drafter.load_weights([]) == {"lm_head.weight"}
     assert isinstance(drafter.draft_head, QuantizedDraftHead) and drafter.draft_head.fmt == fmt
     x = torch.randn(2, 64).half()
@@ -204,7 +196,7 @@ def test_drafter_layers_are_quantized_in_place(reference_kernels, monkeypatch, s
     checkpoint_method = DraftLinearMethod("nvfp4", ())  # stands for the checkpoint's own NVFP4 method
     layers = {name: fake_linear(w.clone(), checkpoint_method if name == "quantized" else None)
               for name, w in weights.items()}
-    drafter = make_drafter(volta_config(), (torch.randn(160, 64) * 0.05).half(), layers)
+    drafter = Drafter(volta_config(), (torch.randn(160, 64) * 0.05).half(), layers)
     drafter.load_weights([])
     for name in ("fc", "qkv_proj"):
         layer = drafter.layers[name]
@@ -232,7 +224,7 @@ def test_drafter_without_the_copy_is_vllms(monkeypatch):
     in its log)."""
     from vllm_volta_fp4.plugin.compat import UnquantizedLinearMethod
 
-    drafter = make_drafter(volta_config(), torch.randn(64, 32).half(), {"fc": fake_linear(torch.randn(32, 64).half())})
+    drafter = Drafter(volta_config(), torch.randn(64, 32).half(), {"fc": fake_linear(torch.randn(32, 64).half())})
     drafter.load_weights([])
     assert "draft_head" not in drafter._modules
     assert isinstance(drafter.layers["fc"].quant_method, UnquantizedLinearMethod)
@@ -244,7 +236,7 @@ def test_drafter_without_the_copy_is_vllms(monkeypatch):
 def test_switched_off_the_drafter_keeps_every_16_bit_weight(reference_kernels, monkeypatch):
     set_draft_weights(monkeypatch, "0")
     layer = fake_linear(torch.randn(32, 64).half())
-    drafter = make_drafter(volta_config(), torch.randn(64, 32).half(), {"fc": layer})
+    drafter = Drafter(volta_config(), torch.randn(64, 32).half(), {"fc": layer})
     drafter.load_weights([])
     assert "draft_head" not in drafter._modules and "weight" in layer._parameters
 
@@ -275,28 +267,3 @@ def test_a_weight_with_nan_is_refused(reference_kernels):
     weight[5, 7] = float("nan")
     assert "NaN or Inf" in weight_refusal(weight, "its lm_head", whole_rows=False)
     assert weight_refusal(torch.ones(40, 32, dtype=torch.float16), "its lm_head", whole_rows=False) is None
-
-
-@requires_vllm
-def test_the_drafter_format_is_part_of_vllms_compile_cache_key(monkeypatch):
-    """vLLM hashes VllmConfig into its torch.compile cache directory; a drafter compiled with FP8 GEMMs must not be
-    loaded from the cache for an NVFP4 one (or a 16-bit one)."""
-    from vllm.config import VllmConfig
-
-    hashes = set()
-    for setting in ("fp8", "nvfp4", "0"):
-        set_draft_weights(monkeypatch, setting)
-        config = VllmConfig()
-        config.quant_config = volta_config()
-        record_draft_format(config)
-        hashes.add(config.compute_hash())
-    assert len(hashes) == 3
-
-
-def test_the_drafter_class_is_built_as_a_new_style_vllm_model():
-    """vLLM's loader builds a model class with (vllm_config=, prefix=) only when its __init__ names both; otherwise
-    it takes the class for an old-style one. The mixin's __init__ is the first in VoltaQwen3_5MTP's MRO (vLLM's
-    Qwen3.5 module needs torchvision to import, which CI lacks)."""
-    import inspect
-
-    assert {"vllm_config", "prefix"} <= set(inspect.signature(DraftWeightsMixin.__init__).parameters)

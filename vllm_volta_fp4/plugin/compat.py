@@ -5,6 +5,7 @@ Only this module looks at vLLM's version; the rest of the plugin imports vLLM na
 from __future__ import annotations
 
 import vllm
+from vllm.config import get_current_vllm_config_or_none
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -99,6 +100,7 @@ def gdn_conv_state_dim_first() -> bool:
 __all__ = [
     "VLLM_VERSION", "ChannelQuantScaleParameter", "LinearBase", "LinearMethodBase", "ModelWeightParameter",
     "PerTensorScaleParameter", "QuantizationConfig", "UnquantizedLinearMethod", "device_capability",
+    "get_current_vllm_config_or_none",
     "gdn_conv_state_dim_first", "gdn_hook_classes", "gdn_null_slot", "is_cpu_platform", "plugin_logger",
     "register_quantization_config",
     "register_weight_loader_v2_supported_method",

@@ -182,32 +182,13 @@ def sixteen_bit_layers(model: nn.Module) -> dict[str, nn.Module]:
                                                               UnquantizedLinearMethod)}
 
 
-# The key under which the drafter's format enters vLLM's additional_config (see record_draft_format).
-COMPILE_KEY = "volta_nvfp4_draft_weights"
-
-
-def record_draft_format(vllm_config) -> None:
-    """Put the drafter's weight format into ``vllm_config.additional_config``, which vLLM hashes into its
-    torch.compile cache key: the format decides which GEMM ops the drafter's compiled graph calls, and without it a
-    graph compiled for FP8 would be loaded from the cache for an NVFP4 drafter (seen on the H200: the FP8 op given
-    NVFP4 tiles). vLLM computes that key at the first compile, after every model is built."""
-    from vllm_volta_fp4.plugin.quantization.config import VoltaNvfp4Config
-
-    if isinstance(vllm_config.quant_config, VoltaNvfp4Config) and isinstance(vllm_config.additional_config, dict):
-        vllm_config.additional_config[COMPILE_KEY] = envs.draft_weights_format() or "16-bit"
-
-
 class DraftWeightsMixin:
     """Put before a vLLM MTP model class: the drafter's 16-bit linear layers are quantized in place and its drafts
     scored with a quantized copy of the lm_head it loaded.
 
     Both happen in ``load_weights``, where the MTP model still holds the checkpoint's lm_head (vLLM's proposer
     replaces it with the main model's, the same tensor, right after), so the memory is counted before vLLM sizes
-    the KV cache. The format is recorded for vLLM's compile cache when the model is built."""
-
-    def __init__(self, *, vllm_config, prefix: str = ""):  # vLLM's loader checks for both names in the signature
-        record_draft_format(vllm_config)
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
+    the KV cache. (The format is part of vLLM's compile cache key: quantization/config.py records it.)"""
 
     def load_weights(self, weights):
         loaded = super().load_weights(weights)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from vllm_volta_fp4 import envs
 from vllm_volta_fp4.format.checkpoint import (
     FP8,
     MODELOPT,
@@ -21,6 +22,7 @@ from vllm_volta_fp4.plugin.compat import (
     QuantizationConfig,
     UnquantizedLinearMethod,
     device_capability,
+    get_current_vllm_config_or_none,
     is_cpu_platform,
     plugin_logger,
 )
@@ -142,6 +144,7 @@ class VoltaNvfp4Config(QuantizationConfig):
         return is_mtp_fc and self.quant_format.producer == MODELOPT
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        record_compile_factors()
         if not isinstance(layer, LinearBase):
             if type(layer).__name__ in ("FusedMoE", "RoutedExperts"):
                 raise NotImplementedError(f"volta_nvfp4: '{prefix}' is a mixture-of-experts layer, which volta_nvfp4 "
@@ -160,6 +163,19 @@ class VoltaNvfp4Config(QuantizationConfig):
 
             return Fp8LinearMethod(self.quant_format, scheme, prefix)
         return UnquantizedLinearMethod()
+
+
+COMPILE_KEY = NAME
+
+
+def record_compile_factors() -> None:
+    """Put envs.compile_factors() into the vLLM config being built (its additional_config), which vLLM hashes into
+    its torch.compile cache key: without them a graph compiled under other settings is loaded from the cache (seen on
+    the H200: an FP8 drafter's graph handed an NVFP4 drafter's weights). Called while vLLM builds each model, before
+    the first compile computes the key."""
+    config = get_current_vllm_config_or_none()
+    if config is not None and isinstance(config.additional_config, dict):
+        config.additional_config[COMPILE_KEY] = envs.compile_factors()
 
 
 _VALIDATED: set[Path] = set()
