@@ -425,10 +425,10 @@ def mtp_cost(shape: ModelShape, tensor_parallel: int = 1, draft_format: str | No
         kind = UNQUANTIZED
         if quant and module != "mtp.fc" and not quant.is_excluded(_fused_name(module)):
             kind = quant.scheme_for(module).kind
-        if kind == UNQUANTIZED and draft_format:
-            _add_linear(weights, {}, module, draft_format, rows * cols, drafter_stored_bytes(draft_format, rows, cols))
-        else:
-            _add_linear(weights, {}, module, kind, rows * cols, _stored_bytes(kind, rows, cols))
+        stored = _stored_bytes(kind, rows, cols)
+        if kind == UNQUANTIZED and draft_format:  # the drafter quantizes what the checkpoint left 16-bit
+            kind, stored = draft_format, drafter_stored_bytes(draft_format, rows, cols)
+        _add_linear(weights, {}, module, kind, rows * cols, stored)
     norms = 3 * shape.hidden + shape.mtp_layers * (2 * shape.hidden + (2 * shape.head_dim if shape.qk_norm else 0))
     weights.other = norms * FP16_BYTES
     kv_heads_per_gpu = max(1, shape.kv_heads // tensor_parallel)

@@ -81,6 +81,20 @@ _FORMATS = {envs.DRAFT_FP8: (_prepared_fp8, lambda: linear.fp8_linear),
             envs.DRAFT_NVFP4: (_prepared_nvfp4, lambda: linear.nvfp4_linear)}
 
 
+def _store_quantized(module: nn.Module, weight: torch.Tensor, fmt: str, prefix: str) -> tuple[str, ...]:
+    """Register ``weight``'s ``fmt`` quantization in the kernels' layout as ``module``'s buffers (named ``prefix`` +
+    the GEMM's tensor name); the tensor names."""
+    prepared = _FORMATS[fmt][0](weight)
+    for name, tensor in prepared.items():
+        module.register_buffer(prefix + name, tensor, persistent=False)
+    return tuple(prepared)
+
+
+def _stored_bytes(module: nn.Module, prefix: str, names: tuple[str, ...]) -> int:
+    return sum(module._buffers[prefix + name].numel() * module._buffers[prefix + name].element_size()
+               for name in names)
+
+
 class DraftHeadMethod:
     """What vLLM's LogitsProcessor calls on a head (``lm_head.quant_method.apply(lm_head, x, bias=...)``)."""
 
@@ -95,7 +109,7 @@ class QuantizedDraftHead(nn.Module):
 
     def __init__(self, weight: torch.Tensor, fmt: str):
         super().__init__()
-        prepare, self._gemm = _FORMATS[fmt]
+        self._gemm = _FORMATS[fmt][1]
         self.fmt, self.shape = fmt, tuple(weight.shape)
         # The GEMMs take whole 16-row groups; vLLM pads the head's rows to 64 already, other callers get zero rows
         # that forward cuts off.
@@ -103,10 +117,7 @@ class QuantizedDraftHead(nn.Module):
         weight = weight.detach()
         if self._extra_rows:  # (never a copy of a real head: 2.5 GB)
             weight = nn.functional.pad(weight, (0, 0, 0, self._extra_rows))
-        prepared = prepare(weight)
-        self.tensor_names = tuple(prepared)
-        for name, tensor in prepared.items():
-            self.register_buffer(name, tensor, persistent=False)
+        self.tensor_names = _store_quantized(self, weight, fmt, "")
         self.quant_method = DraftHeadMethod()
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,7 +127,7 @@ class QuantizedDraftHead(nn.Module):
         return logits[..., :self.shape[0]] if self._extra_rows else logits
 
     def bytes(self) -> int:
-        return sum(getattr(self, name).numel() * getattr(self, name).element_size() for name in self.tensor_names)
+        return _stored_bytes(self, "", self.tensor_names)
 
 
 # Buffers a drafter layer quantized in place holds instead of its weight (apart from vLLM's parameter names).
@@ -139,12 +150,10 @@ class DraftLinearMethod:
 
 def quantize_layer_in_place(layer: nn.Module, fmt: str) -> int:
     """Replace ``layer.weight`` by its ``fmt`` quantization in the kernels' layout; the quantized bytes."""
-    prepared = _FORMATS[fmt][0](layer.weight.detach())
+    names = _store_quantized(layer, layer.weight.detach(), fmt, _LAYER_PREFIX)
     del layer.weight  # the 16-bit weight is not kept: the layer is the drafter's alone
-    for name, tensor in prepared.items():
-        layer.register_buffer(_LAYER_PREFIX + name, tensor, persistent=False)
-    layer.quant_method = DraftLinearMethod(fmt, tuple(prepared))
-    return sum(tensor.numel() * tensor.element_size() for tensor in prepared.values())
+    layer.quant_method = DraftLinearMethod(fmt, names)
+    return _stored_bytes(layer, _LAYER_PREFIX, names)
 
 
 def weight_refusal(weight: object, what: str, *, whole_rows: bool) -> str | None:
