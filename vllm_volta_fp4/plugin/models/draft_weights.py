@@ -90,7 +90,7 @@ def _store_quantized(module: nn.Module, weight: torch.Tensor, fmt: str, prefix: 
     return tuple(prepared)
 
 
-def _stored_bytes(module: nn.Module, prefix: str, names: tuple[str, ...]) -> int:
+def _buffer_bytes(module: nn.Module, prefix: str, names: tuple[str, ...]) -> int:
     return sum(module._buffers[prefix + name].numel() * module._buffers[prefix + name].element_size()
                for name in names)
 
@@ -127,7 +127,7 @@ class QuantizedDraftHead(nn.Module):
         return logits[..., :self.shape[0]] if self._extra_rows else logits
 
     def bytes(self) -> int:
-        return _stored_bytes(self, "", self.tensor_names)
+        return _buffer_bytes(self, "", self.tensor_names)
 
 
 # Buffers a drafter layer quantized in place holds instead of its weight (apart from vLLM's parameter names).
@@ -153,7 +153,7 @@ def quantize_layer_in_place(layer: nn.Module, fmt: str) -> int:
     names = _store_quantized(layer, layer.weight.detach(), fmt, _LAYER_PREFIX)
     del layer.weight  # the 16-bit weight is not kept: the layer is the drafter's alone
     layer.quant_method = DraftLinearMethod(fmt, names)
-    return _stored_bytes(layer, _LAYER_PREFIX, names)
+    return _buffer_bytes(layer, _LAYER_PREFIX, names)
 
 
 def weight_refusal(weight: object, what: str, *, whole_rows: bool) -> str | None:
