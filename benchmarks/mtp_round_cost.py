@@ -18,7 +18,7 @@ bits as vLLM drafts; ``fp8,fp16`` measures both per K. The made checkpoint's voc
 of tokens) unless ``--vocab`` sets it (248,320 is Qwen3.8's: the head's cost shows only at a real vocabulary).
 
     python3 benchmarks/mtp_round_cost.py --out results.md --commit abc1234 [--layers 8 | --model DIR]
-        [--vocab 248320] [--ks 1,2,3,4,5,6,7] [--draft-formats fp8,nvfp4,fp16] [--eager]
+        [--vocab 248320] [--ks 1,2,3,4,5,6,7] [--draft-formats fp8,nvfp4,fp16] [--eager] [--host-profile DIR]
 
 On the GPU machine: scripts/gpu/run_mtp_gpu.sh (after the lossless tests).
 """
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from devkit.engine import DRAFT_FORMATS
 from devkit.gpu_time import FAMILIES, gpu_time_per_decode_token
+from devkit.host_time import host_profile
 
 # Published MTP acceptance lengths (tokens per round) of Qwen3.5/3.8 at K = 3 (or near it): SGLang's Qwen3.5 H200
 # FP8 cookbook pins 3.39 at 3 speculative tokens (sgl-project/sglang PR #35194); ik_llama.cpp measures 3.72-3.76 on
@@ -78,7 +79,8 @@ def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
     return statistics.median(timed(tokens + 1) - timed(1) for _ in range(3))
 
 
-def measure(model: str, k: int | None, eager: bool, tokens: int, drafter: str = "fp8") -> dict:
+def measure(model: str, k: int | None, eager: bool, tokens: int, drafter: str = "fp8",
+            host_profile_dir: Path | None = None) -> dict:
     import torch
     from vllm import SamplingParams
 
@@ -100,6 +102,9 @@ def measure(model: str, k: int | None, eager: bool, tokens: int, drafter: str = 
         tokens_per_round = tokens / rounds
         # kernel time per decoded token (the prompt's prefill subtracted), by family, scaled to a round
         gpu = gpu_time_per_decode_token(llm, [prompt], tokens)
+        if host_profile_dir:
+            name = f"host-profile-k{k or 0}{'-' + drafter if k else ''}.log"  # .log: the call's log archive takes it
+            host_profile(llm, [prompt], tokens, host_profile_dir / name)
         return {"k": k or 0, "drafter": drafter if k else "", "wall_ms_per_round": 1e3 * wall / rounds,
                 "tokens_per_round": tokens_per_round,
                 "gpu_ms_per_round": 1e3 * gpu["all"] * tokens_per_round,
@@ -145,6 +150,8 @@ def main() -> int:
                         "drafter's weights (layers and lm_head copy), each measured per K")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--host-profile", type=Path, metavar="DIR",
+                        help="also write each engine's Python profile of one generate there (devkit.host_time)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm_volta_fp4
@@ -168,7 +175,7 @@ def main() -> int:
         runs = [(None, drafters[0])] + [(int(part), fmt) for part in args.ks.split(",") for fmt in drafters]
         rows = []
         for k, fmt in runs:
-            rows.append(measure(model, k, args.eager, args.tokens, fmt))
+            rows.append(measure(model, k, args.eager, args.tokens, fmt, args.host_profile))
             text = table(rows, args)
             args.out.write_text(text)  # after every engine: a run stopped at its time limit keeps its rows
             print(text, flush=True)

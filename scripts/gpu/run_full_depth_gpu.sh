@@ -78,7 +78,7 @@ if (( STAGE == 6 )); then
   step "MTP round cost at full depth, K = ${KS:-3}"
   GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" timeout "$(seconds_left)" \
     python3 benchmarks/mtp_round_cost.py --model "$WORK/ct-w4a16" --ks "${KS:-3}" --out "$OUT/mtp-round-cost-64.md" \
-    --draft-formats "${DRAFT_FORMATS:-fp8,fp16}" \
+    --draft-formats "${DRAFT_FORMATS:-fp8,fp16}" ${HOST_PROFILE:+--host-profile "$OUT"} \
     --commit "${COMMIT:-uncommitted}" > "$OUT/mtp-round-cost-64.log" 2>&1 || status=1
   cat "$OUT/mtp-round-cost-64.md" 2> /dev/null || tail -20 "$OUT/mtp-round-cost-64.log"
 fi
