@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -264,25 +265,26 @@ def bench(args) -> int:
             "protocol": f"{protocol.input_len} in / {protocol.output_len} out, batches {protocol.batches}, "
                         f"max-model-len {protocol.max_model_lens}, {protocol.repeats} round(s)"}
     status = 0
-    for key in args.engines:
-        spec = ENGINES[key]
-        for mode in args.modes:
-            rows = [r for r in rows if (r["engine"], r["mode"]) != (spec.name, mode)
-                    or r["max_model_len"] not in protocol.max_model_lens]
-            try:
-                rows += run_engine(spec, mode, args.workdir, protocol)
-            except Exception:  # noqa: BLE001 — one engine's failure must not lose the others' rows
-                traceback.print_exc()
-                status = 1
-                fp16 = [r for r in rows if r["engine"] == ENGINES["fp16"].name and r["mode"] == mode]
-                if spec.offload and cuda and fp16:
-                    bandwidth = measure_pcie_h2d()
-                    print(f"offload engine failed; PCIe H2D measured at {bandwidth / 1e9:.1f} GB/s → MODEL rows",
-                          flush=True)
-                    rows += offload_model_rows(fp16, bandwidth, args.workdir, protocol)
-            store.write_text(json.dumps(rows, indent=1))
-            for path in render(rows, meta, args.out_dir, plot=not args.no_plot):
-                print(f"wrote {path}", flush=True)
+    # One engine per (engine, mode, max-model-len), its rows stored as soon as it ends: an engine that fails (at
+    # 8192, say) loses no other engine's rows.
+    for key, mode, length in itertools.product(args.engines, args.modes, protocol.max_model_lens):
+        spec, one_length = ENGINES[key], replace(protocol, max_model_lens=(length,))
+        rows = [r for r in rows if (r["engine"], r["mode"], r["max_model_len"]) != (spec.name, mode, length)]
+        try:
+            rows += run_engine(spec, mode, args.workdir, one_length)
+        except Exception:  # noqa: BLE001 — one engine's failure must not lose the others' rows
+            traceback.print_exc()
+            status = 1
+            fp16 = [r for r in rows if r["engine"] == ENGINES["fp16"].name and r["mode"] == mode
+                    and r["max_model_len"] == length]
+            if spec.offload and cuda and fp16:
+                bandwidth = measure_pcie_h2d()
+                print(f"offload engine failed; PCIe H2D measured at {bandwidth / 1e9:.1f} GB/s → MODEL rows",
+                      flush=True)
+                rows += offload_model_rows(fp16, bandwidth, args.workdir, one_length)
+        store.write_text(json.dumps(rows, indent=1))
+        for path in render(rows, meta, args.out_dir, plot=not args.no_plot):
+            print(f"wrote {path}", flush=True)
     return status
 
 

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,3 +65,37 @@ def test_engine_settings(workdir):
     assert quantized["compilation_config"] == {"custom_ops": ["none"]}
     # every engine on the plugin's attention backend (the GPU kit has no FlashAttention for vLLM to pick)
     assert offload["attention_backend"] == quantized["attention_backend"] == "CUSTOM"
+
+
+def test_each_max_model_len_is_its_own_engine_and_a_failure_keeps_the_other_rows(workdir, monkeypatch):
+    """Stage 5 on the H200 lost the finished 4096-token engine's rows when the 8192-token one failed to start."""
+    pytest.importorskip("vllm")
+    started = []
+
+    def run_engine(spec, mode, workdir_, protocol):
+        (length,) = protocol.max_model_lens
+        started.append((spec.name, mode, length))
+        if length == 8192:
+            raise ValueError("max_model_len 8192 > max_position_embeddings")
+        return [{**_row(spec.name, mode, 1, 30.0), "max_model_len": length}]
+
+    monkeypatch.setattr(full_depth, "run_engine", run_engine)
+    args = SimpleNamespace(preload=[], input_len=512, output_len=256, batches=(1,), max_model_lens=(4096, 8192),
+                           repeats=1, workdir=workdir, commit="abc1234", engines=["mixed"], modes=["default"],
+                           out_dir=workdir / "out", no_plot=True)
+    assert full_depth.bench(args) == 1
+    name = full_depth.ENGINES["mixed"].name
+    assert started == [(name, "default", 4096), (name, "default", 8192)]
+    stored = json.loads((workdir / "results.json").read_text())
+    assert [(row["engine"], row["max_model_len"]) for row in stored] == [(name, 4096)]
+
+
+def test_the_full_depth_shape_takes_max_model_len_8192():
+    """The checkpoint's max_position_embeddings is Qwen3.8-27B's, so vLLM accepts max-model-len 8192 without an
+    override (it was 4096: the 8192 engines could not start)."""
+    pytest.importorskip("transformers")
+    from vllm_volta_fp4.testing.tiny_model import qwen3_5_config, qwen3_8_27b
+
+    real = json.loads((Path(__file__).resolve().parents[1] / "data" / "qwen3.8-27b-config.json").read_text())
+    text = qwen3_5_config(qwen3_8_27b(2), 1024)["text_config"]
+    assert text["max_position_embeddings"] == real["text_config"]["max_position_embeddings"] == 262144

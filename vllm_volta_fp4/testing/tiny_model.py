@@ -61,13 +61,14 @@ class HybridArch:
     mrope_section: tuple[int, int, int]
     full_attention_interval: int = 4
     mtp_layers: int = 0  # config.json's mtp_num_hidden_layers: the MTP module's decoder layers (real exports: 1)
+    max_positions: int = 4096  # max_position_embeddings: the longest max-model-len vLLM accepts without an override
 
 
 def qwen3_8_27b(layers: int) -> HybridArch:
     """``layers`` decoder layers of Qwen3.8-27B (3 GDN : 1 full attention, as in its 64; tests/data/
     qwen3.8-27b-config.json): hidden 5120, intermediate 17408, 24 query / 4 KV heads of 256 with output gate,
-    GDN 16 key / 48 value heads of 128, conv kernel 4, mrope_section [11, 11, 10]."""
-    return HybridArch(5120, 17408, 24, 4, 256, layers, 16, 48, 128, 4, (11, 11, 10))
+    GDN 16 key / 48 value heads of 128, conv kernel 4, mrope_section [11, 11, 10], 262,144 positions."""
+    return HybridArch(5120, 17408, 24, 4, 256, layers, 16, 48, 128, 4, (11, 11, 10), max_positions=262144)
 
 
 _ARCHS = {
@@ -184,7 +185,7 @@ def qwen3_5_config(shape: HybridArch, vocab: int) -> dict:
                 linear_num_value_heads=shape.gdn_value_heads, linear_key_head_dim=shape.gdn_head_dim,
                 linear_value_head_dim=shape.gdn_head_dim, linear_conv_kernel_dim=shape.conv_kernel,
                 full_attention_interval=shape.full_attention_interval, layer_types=layer_types,
-                max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=0, bos_token_id=1,
+                max_position_embeddings=shape.max_positions, tie_word_embeddings=False, eos_token_id=0, bos_token_id=1,
                 pad_token_id=3, mtp_num_hidden_layers=shape.mtp_layers,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
                                  "mrope_interleaved": True, "mrope_section": list(shape.mrope_section)})
