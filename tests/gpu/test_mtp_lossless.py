@@ -7,7 +7,9 @@ the plugin's FP8 copy of lm_head (the default; plugin/models/draft_weights.py), 
 
 "mtp" is the method's name in vLLM 0.19.1, 0.20.2 and 0.32.0 alike ("qwen3_5_mtp" is a deprecated alias that each
 of them rewrites to "mtp"). The verification step runs our attention (query length K + 1 per sequence); the
-Gated-DeltaNet layers of speculative batches run on vLLM's own kernels (plugin/gdn_layer.py declines them).
+Gated-DeltaNet layers run vLLM's kernels (the plugin's run on compute capability 7.x only), except in
+test_mtp_is_lossless_with_our_gdn_kernels: a V100's mix, prompts and plain steps on our GDN kernels and speculative
+batches on vLLM's (plugin/gdn_layer.py declines them) over the same state caches.
 Random weights accept few drafts, so rejection and rollback of the GDN state are exercised on nearly every step.
 Tokens must be identical, except at a near-tie of the non-speculative run (NEAR_TIE, as in test_vllm_end_to_end):
 verification computes K + 1 tokens in one forward, so fp16 GEMMs of another shape may round differently there.
@@ -18,6 +20,10 @@ Skipped without CUDA, vLLM or the built extension. On the GPU machine: scripts/g
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +107,50 @@ def test_mtp_speculation_is_lossless(spec_runs, triton_allocator, fmt, mtp, mode
     assert drafts > 0, f"{what}: the engine made no drafts ({counts}): speculation did not run"
     drafter = counts["drafter"]
     assert drafter == "fp8", f"{what}: the drafter runs {drafter} weights, not FP8 layers and lm_head copy"
+
+
+# A fresh process per engine pair: the GDN overrides are registered per process (plugin/gdn_layer.py).
+_OUR_GDN_SCRIPT = """
+import dataclasses, gc, json, sys
+import torch
+from vllm import LLM
+from devkit.engine import engine_model, gdn_layers_on_our_kernels, spec_decode_counters, use_torch_allocator_for_triton
+from vllm_volta_fp4.testing.greedy import generate_with, supported_engine_args
+use_torch_allocator_for_triton()
+prompts, tokens, runs = json.loads(sys.argv[2]), int(sys.argv[3]), {}
+for name, settings in json.loads(sys.argv[1]).items():
+    llm = LLM(**supported_engine_args(settings))
+    alone = [generate_with(llm, [prompt], tokens)[0] for prompt in prompts]
+    together = generate_with(llm, prompts, tokens)
+    runs[name] = {"layers": gdn_layers_on_our_kernels(engine_model(llm)), "counts": spec_decode_counters(llm),
+                  "alone": [dataclasses.asdict(g) for g in alone],
+                  "together": [dataclasses.asdict(g) for g in together]}
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+print("RESULT", json.dumps(runs))
+"""
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_mtp_is_lossless_with_our_gdn_kernels(spec_runs, mode):
+    """A V100's configuration (VLLM_VOLTA_FP4_GDN=force stands in for compute capability 7.x): prompts and plain
+    steps on our GDN kernels, speculative batches on vLLM's (ours decline them) over the same state caches. K = 3,
+    batch 1 and 4: greedy output with speculation equals the output without."""
+    model = str(spec_runs.checkpoint("ct-w4a16", "unquantized"))
+    plain = {**ENGINE, **SPEC_ENGINE, **MODES[mode], "model": model}
+    engines = {"plain": plain,
+               "spec": {**plain, "speculative_config": {"method": MTP_METHOD, "num_speculative_tokens": 3}}}
+    env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "force"}
+    result = subprocess.run([sys.executable, "-c", _OUR_GDN_SCRIPT, json.dumps(engines), json.dumps(PROMPTS),
+                             str(MAX_TOKENS)], env=env, capture_output=True, text=True, timeout=500)
+    assert result.returncode == 0, result.stderr[-4000:]
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, result.stdout[-2000:] + result.stderr[-2000:]
+    runs = json.loads(line[len("RESULT "):])
+    for name, run in runs.items():
+        assert run["layers"] == 3, f"{name}: {run['layers']} GDN layers run our kernels (the tiny Qwen3.5 has 3)"
+    assert runs["spec"]["counts"]["num_drafts"] > 0, f"no drafts ({runs['spec']['counts']}): speculation did not run"
+    for batch in ("alone", "together"):
+        spec, ref = ([Generation(**g) for g in runs[name][batch]] for name in ("spec", "plain"))
+        assert_same_greedy(spec, ref, f"our GDN kernels, {mode}, K=3, {batch}: speculative vs plain")
