@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +35,7 @@ from tests.gpu.test_vllm_end_to_end import (
     assert_same_greedy,
     engine_environment,  # noqa: F401  (autouse: the same engine environment for this module)
     pytestmark,  # noqa: F401  (same skips and marks)
+    result_of_fresh_process,
     start_engine,
 )
 from vllm_volta_fp4.testing.greedy import ENGINE_MODES, Generation, generate_with
@@ -141,13 +139,8 @@ def test_mtp_is_lossless_with_our_gdn_kernels(spec_runs, mode):
     plain = {**ENGINE, **SPEC_ENGINE, **MODES[mode], "model": model}
     engines = {"plain": plain,
                "spec": {**plain, "speculative_config": {"method": MTP_METHOD, "num_speculative_tokens": 3}}}
-    env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "force"}
-    result = subprocess.run([sys.executable, "-c", _OUR_GDN_SCRIPT, json.dumps(engines), json.dumps(PROMPTS),
-                             str(MAX_TOKENS)], env=env, capture_output=True, text=True, timeout=500)
-    assert result.returncode == 0, result.stderr[-4000:]
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, result.stdout[-2000:] + result.stderr[-2000:]
-    runs = json.loads(line[len("RESULT "):])
+    runs = result_of_fresh_process(_OUR_GDN_SCRIPT, [json.dumps(engines), json.dumps(PROMPTS), str(MAX_TOKENS)],
+                                   {"VLLM_VOLTA_FP4_GDN": "force"}, timeout=500)
     for name, run in runs.items():
         assert run["layers"] == 3, f"{name}: {run['layers']} GDN layers run our kernels (the tiny Qwen3.5 has 3)"
     assert runs["spec"]["counts"]["num_drafts"] > 0, f"no drafts ({runs['spec']['counts']}): speculation did not run"

@@ -219,6 +219,17 @@ def test_qwen3_5_hybrid_serves_like_the_dequantized_model(runs, fmt, mode, trito
     assert_same_greedy(second, first, f"qwen3_5 {fmt} {mode} prefix-cache hits vs first pass")
 
 
+def result_of_fresh_process(script: str, args: list[str], env: dict[str, str], timeout: int):
+    """Run ``script`` (python -c) with ``args`` in a fresh process whose environment adds ``env`` (settings read
+    once per process, e.g. the GDN overrides); the JSON it prints after "RESULT "."""
+    result = subprocess.run([sys.executable, "-c", script, *args], env={**os.environ, **env}, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, result.stdout[-2000:] + result.stderr[-2000:]
+    return json.loads(line[len("RESULT "):])
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("fmt", ["ct-w4a16", "modelopt-mixed"])
 def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, mode, triton_allocator):
@@ -240,13 +251,8 @@ def test_qwen3_5_with_volta_gdn_kernels_serves_like_vllms(runs, fmt, mode, trito
         "passes = [[dataclasses.asdict(g) for g in p] for p in passes]\n"
         "print('RESULT', json.dumps({'layers': layers, 'graphs': cuda_graph_modes(llm), 'passes': passes}))\n"
     )
-    env = {**os.environ, "VLLM_VOLTA_FP4_GDN": "force"}
-    result = subprocess.run([sys.executable, "-c", script, json.dumps(settings), json.dumps(PROMPTS), str(MAX_TOKENS)],
-                            env=env, capture_output=True, text=True, timeout=400)
-    assert result.returncode == 0, result.stderr[-4000:]
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, result.stdout[-2000:] + result.stderr[-2000:]
-    outcome = json.loads(line[len("RESULT "):])
+    outcome = result_of_fresh_process(script, [json.dumps(settings), json.dumps(PROMPTS), str(MAX_TOKENS)],
+                                      {"VLLM_VOLTA_FP4_GDN": "force"}, timeout=400)
     assert outcome["layers"] == 3, f"{outcome['layers']} GDN layers run our kernels (the tiny Qwen3.5 has 3)"
     assert_full_decode_graphs(outcome["graphs"], mode, f"qwen3_5 {fmt} our GDN")
     first, second = ([Generation(**g) for g in p] for p in outcome["passes"])
@@ -301,13 +307,11 @@ def test_platform_plugin_chooses_volta_attention(runs):
         "from vllm import LLM\n"
         "from vllm_volta_fp4.testing.greedy import supported_engine_args\nfrom devkit.engine import attention_impls\n"
         "llm = LLM(**supported_engine_args({**json.loads(sys.argv[1]), 'model': sys.argv[2]}))\n"
-        "print('IMPLS', sorted(attention_impls(llm)))\n"
+        "print('RESULT', json.dumps(sorted(attention_impls(llm))))\n"
     )
-    env = {**os.environ, "VLLM_VOLTA_FP4_ATTENTION": "force"}
-    result = subprocess.run([sys.executable, "-c", script, json.dumps(ENGINE), str(model)], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"IMPLS ['{VOLTA_IMPL}']" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    impls = result_of_fresh_process(script, [json.dumps(ENGINE), str(model)], {"VLLM_VOLTA_FP4_ATTENTION": "force"},
+                                    timeout=300)
+    assert impls == [VOLTA_IMPL], impls
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
