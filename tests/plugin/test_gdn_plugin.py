@@ -253,20 +253,30 @@ CASES = {  # lengths, decodes first as vLLM orders them; slots; has_initial_stat
 }
 
 
-def _checking_slot_count(op):
-    slot_arg = 4 if op is gdn.causal_conv1d_decode else 8
+# The state-slot argument of each op, and whether the op is a decode one (one slot per token).
+SLOT_ARGS = {"causal_conv1d_prefill": (5, False), "chunk_gated_delta_rule": (6, False),
+             "causal_conv1d_decode": (4, True), "recurrent_gated_delta_rule_decode": (8, True)}
+
+
+def _checking_slots(op, slot_arg, decode):
+    """What the CUDA ops demand of the slots (csrc/driver/gdn_driver.cpp, check_vector), which the CPU references
+    would not notice: a contiguous vector, and for the decode ops one slot per token."""
 
     def checked(*args, **kwargs):
         x, slots = args[0], args[slot_arg]
-        assert slots.shape[0] == x.shape[0], "one state slot per decode token"
+        assert slots.is_contiguous(), "the CUDA ops take contiguous state slots"
+        assert not decode or slots.shape[0] == x.shape[0], "one state slot per decode token"
         return op(*args, **kwargs)
     return checked
 
 
+@pytest.mark.parametrize("slot_layout", ["vector", "block-table-column"])
 @pytest.mark.parametrize("null_slot", [-1, 0], ids=["v0.19-pad-minus1", "v0.20-null-block-0"])
 @pytest.mark.parametrize("dim_first", [False, True], ids=["conv-SD", "conv-DS"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_layer_core_matches_the_oracle(monkeypatch, force_ours, case, dim_first, null_slot):
+def test_layer_core_matches_the_oracle(monkeypatch, force_ours, case, dim_first, null_slot, slot_layout):
+    """block-table-column: an engine with speculative decoding gives non-speculative batches column 0 of a block
+    table of 1 + K columns as their state slots, a strided view (found by the MTP test on our GDN kernels)."""
     from vllm_volta_fp4.plugin import compat
 
     monkeypatch.setattr(compat, "gdn_null_slot", lambda: null_slot)
@@ -281,8 +291,11 @@ def test_layer_core_matches_the_oracle(monkeypatch, force_ours, case, dim_first,
     metadata.num_actual_tokens = sum(lengths)
     if case == "decode":  # the persistent index buffer is longer than the batch; the CUDA ops check the length
         metadata.non_spec_state_indices_tensor = torch.tensor(slots + [7], dtype=torch.int32)
-        for name in ("causal_conv1d_decode", "recurrent_gated_delta_rule_decode"):
-            monkeypatch.setattr(gdn, name, _checking_slot_count(getattr(gdn, name)))
+    if slot_layout == "block-table-column":
+        column = metadata.non_spec_state_indices_tensor
+        metadata.non_spec_state_indices_tensor = torch.stack([column, column + 100, column + 200], dim=1)[:, 0]
+    for name, (slot_arg, decode) in SLOT_ARGS.items():
+        monkeypatch.setattr(gdn, name, _checking_slots(getattr(gdn, name), slot_arg, decode))
     conv_before, ssm_before = (t.clone() for t in layer.kv_cache)
     out = torch.full((x.shape[0], V_HEADS, D), 7.0)
     monkeypatch.setattr(gdn_layer, "_layer_metadata", lambda prefix: metadata)

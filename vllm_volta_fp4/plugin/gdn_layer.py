@@ -108,7 +108,9 @@ class GdnLayerOverride:
         ssm_state = self.kv_cache[1]
         weight = self.conv1d.weight.view(self.conv1d.weight.shape[0], self.conv1d.weight.shape[-1])
         conv_args = dict(activation="silu", null_slot=null_slot)
-        slots = metadata.non_spec_state_indices_tensor
+        # With speculative decoding configured, vLLM hands non-speculative batches column 0 of a block table of
+        # 1 + K columns (a strided view); our ops take a contiguous vector (a no-op copy otherwise).
+        slots = metadata.non_spec_state_indices_tensor.contiguous()
         x, a, b = mixed_qkv[:tokens], a[:tokens], b[:tokens]
         prefill = metadata.num_prefills > 0  # mixed batches too: decodes are one-token sequences of the prefill
         if prefill:
