@@ -189,15 +189,16 @@ def offload_model_rows(fp16_rows: list[dict], bandwidth: float, workdir: Path, p
 
 
 COLUMNS = ("engine", "mode", "max_model_len", "batch", "output_len", "ttft_ms_mean", "prefill_tok_s", "decode_tok_s",
-           "decode_tok_s_per_seq", "gpu_us_all", *(f"gpu_us_{f}" for f in FAMILIES))
+           "decode_tok_s_per_seq", "gpu_us_all", *(f"gpu_us_{f}" for f in FAMILIES), "measured")
 HEADINGS = ("engine", "mode", "max-model-len", "batch", "generated", "TTFT (ms)", "prefill tok/s", "decode tok/s",
-            "decode tok/s/seq", "GPU µs/step", *(f"… {f} µs" for f in FAMILIES))
+            "decode tok/s/seq", "GPU µs/step", *(f"… {f} µs" for f in FAMILIES), "measured (UTC, commit)")
 
 
 def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# The seeds' benchmark at full depth: Qwen3.8-27B shape — {meta['gpu']}", "",
-             f"- date: {meta['date']} UTC, commit {meta['commit']}, vLLM {meta['vllm']}, torch {meta['torch']}",
+             f"- rendered: {meta['date']} UTC, commit {meta['commit']}, vLLM {meta['vllm']}, torch {meta['torch']}; "
+             "the rows come from several calls: each row's last column says when and at which commit it was measured",
              "- model: 64 layers (48 Gated DeltaNet + 16 gated attention), hidden 5120, intermediate 17408, "
              f"vocabulary {meta['vocab']}, random weights; fp16 embeddings and lm_head; written by "
              "`benchmarks/full_depth_e2e.py` (protocol: `volta-fp4 bench --offline`, toolkit/benchmark.py).",
@@ -214,8 +215,9 @@ def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> li
     written[0].write_text("\n".join(lines) + "\n")
     if plot and rows:
         written.append(out_dir / "full-depth-27b-h200.png")
-        write_plot(rows, written[-1], f"Qwen3.8-27B shape, {meta['gpu']}, {meta['date']}, {meta['commit']}, "
-                                      f"vLLM {meta['vllm']}")
+        commits = dict.fromkeys(row["measured"].split(", ")[1].split()[0] for row in rows if "measured" in row)
+        write_plot(rows, written[-1], f"Qwen3.8-27B shape, {meta['gpu']}, vLLM {meta['vllm']}; rows measured at "
+                                      f"{', '.join(commits) or meta['commit']}")
     return written
 
 
@@ -270,8 +272,9 @@ def bench(args) -> int:
     for key, mode, length in itertools.product(args.engines, args.modes, protocol.max_model_lens):
         spec, one_length = ENGINES[key], replace(protocol, max_model_lens=(length,))
         rows = [r for r in rows if (r["engine"], r["mode"], r["max_model_len"]) != (spec.name, mode, length)]
+        measured = {"measured": f"{meta['date']}, {args.commit}"}
         try:
-            rows += run_engine(spec, mode, args.workdir, one_length)
+            rows += [{**row, **measured} for row in run_engine(spec, mode, args.workdir, one_length)]
         except Exception:  # noqa: BLE001 — one engine's failure must not lose the others' rows
             traceback.print_exc()
             status = 1
@@ -281,7 +284,7 @@ def bench(args) -> int:
                 bandwidth = measure_pcie_h2d()
                 print(f"offload engine failed; PCIe H2D measured at {bandwidth / 1e9:.1f} GB/s → MODEL rows",
                       flush=True)
-                rows += offload_model_rows(fp16, bandwidth, args.workdir, one_length)
+                rows += [{**row, **measured} for row in offload_model_rows(fp16, bandwidth, args.workdir, one_length)]
         store.write_text(json.dumps(rows, indent=1))
         for path in render(rows, meta, args.out_dir, plot=not args.no_plot):
             print(f"wrote {path}", flush=True)
