@@ -209,13 +209,15 @@ def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> li
              f"- attention: every engine on the plugin's backend (`attention_backend={BACKEND_NAME}`).", "",
              "| " + " | ".join(HEADINGS) + " |", "|---|---|" + "---:|" * (len(HEADINGS) - 2)]
     for row in rows:
+        if "commit" in row:  # the call that measured it (rows of several calls share the table)
+            row = {**row, "measured": f"{row['measured_at']}, {row['commit']}"}
         lines.append("| " + " | ".join(f"{row.get(c, 0):.1f}" if isinstance(row.get(c), float) else str(row.get(c, ""))
                                        for c in COLUMNS) + " |")
     written = [out_dir / "full-depth-27b-h200.md"]
     written[0].write_text("\n".join(lines) + "\n")
     if plot and rows:
         written.append(out_dir / "full-depth-27b-h200.png")
-        commits = dict.fromkeys(row["measured"].split(", ")[1].split()[0] for row in rows if "measured" in row)
+        commits = dict.fromkeys(row["commit"] for row in rows if "commit" in row)
         write_plot(rows, written[-1], f"Qwen3.8-27B shape, {meta['gpu']}, vLLM {meta['vllm']}; rows measured at "
                                       f"{', '.join(commits) or meta['commit']}")
     return written
@@ -267,12 +269,12 @@ def bench(args) -> int:
             "protocol": f"{protocol.input_len} in / {protocol.output_len} out, batches {protocol.batches}, "
                         f"max-model-len {protocol.max_model_lens}, {protocol.repeats} round(s)"}
     status = 0
+    measured = {"measured_at": meta["date"], "commit": args.commit}
     # One engine per (engine, mode, max-model-len), its rows stored as soon as it ends: an engine that fails (at
     # 8192, say) loses no other engine's rows.
     for key, mode, length in itertools.product(args.engines, args.modes, protocol.max_model_lens):
         spec, one_length = ENGINES[key], replace(protocol, max_model_lens=(length,))
         rows = [r for r in rows if (r["engine"], r["mode"], r["max_model_len"]) != (spec.name, mode, length)]
-        measured = {"measured": f"{meta['date']}, {args.commit}"}
         try:
             rows += [{**row, **measured} for row in run_engine(spec, mode, args.workdir, one_length)]
         except Exception:  # noqa: BLE001 — one engine's failure must not lose the others' rows
