@@ -39,6 +39,7 @@ from pathlib import Path
 from devkit.engine import DRAFT_FORMATS
 from devkit.gpu_time import FAMILIES, gpu_time_per_decode_token
 from devkit.host_time import host_profile
+from vllm_volta_fp4.testing.greedy import generate_greedy
 
 # Published MTP acceptance lengths (tokens per round) of Qwen3.5/3.8 at K = 3 (or near it): SGLang's Qwen3.5 H200
 # FP8 cookbook pins 3.39 at 3 speculative tokens (sgl-project/sglang PR #35194); ik_llama.cpp measures 3.72-3.76 on
@@ -67,12 +68,9 @@ def _engine(model: str, k: int | None, eager: bool, max_len: int):
 
 
 def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
-    from vllm import SamplingParams
-
     def timed(n: int) -> float:
         start = time.perf_counter()
-        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                     use_tqdm=False)
+        generate_greedy(llm, [prompt], n)
         return time.perf_counter() - start
 
     timed(tokens)  # warm-up
@@ -82,7 +80,6 @@ def _decode_seconds(llm, prompt: list[int], tokens: int) -> float:
 def measure(model: str, k: int | None, eager: bool, tokens: int, drafter: str = "fp8",
             host_profile_dir: Path | None = None) -> dict:
     import torch
-    from vllm import SamplingParams
 
     from devkit.engine import drafter_format, spec_decode_counters, use_draft_format
 
@@ -92,8 +89,7 @@ def measure(model: str, k: int | None, eager: bool, tokens: int, drafter: str = 
     try:
         wall = _decode_seconds(llm, prompt, tokens)  # time of `tokens` decoded tokens
         before = spec_decode_counters(llm)["num_drafts"]
-        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=tokens, temperature=0.0,
-                                                                    ignore_eos=True), use_tqdm=False)
+        generate_greedy(llm, [prompt], tokens)
         rounds = (spec_decode_counters(llm)["num_drafts"] - before) if k else tokens  # a round per draft
         if rounds <= 0:
             raise RuntimeError(f"K={k}: vLLM counted no speculative rounds; speculation did not run")

@@ -31,15 +31,15 @@ def gpu_time_per_decode_token(llm, prompts: list[list[int]], decode_tokens: int,
     profiled ``decode_tokens`` + 1 tokens minus 1 token, over ``decode_tokens``. Prints the ``top`` kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from vllm import SamplingParams
+
+    from vllm_volta_fp4.testing.greedy import generate_greedy
 
     # a CPU engine (dry runs) has no CUDA activity: its CPU ops are profiled instead, so the code path still runs
     activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
 
     def kernel_seconds(max_tokens: int) -> dict[str, float]:
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         with profile(activities=[activity]) as prof:
-            llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], params, use_tqdm=False)
+            generate_greedy(llm, prompts, max_tokens)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
         return {event.key: (event.self_device_time_total if activity == ProfilerActivity.CUDA

@@ -13,12 +13,11 @@ def host_profile(llm, prompts: list[list[int]], decode_tokens: int, path: Path, 
     """Write to ``path`` the functions of one greedy ``generate`` of ``decode_tokens`` tokens over ``prompts``,
     by cumulative and by own time, with call counts (a layer's Python running per step shows there: under a FULL
     CUDA graph its forward is not called at all)."""
-    from vllm import SamplingParams
+    from vllm_volta_fp4.testing.greedy import generate_greedy
 
-    params = SamplingParams(temperature=0.0, max_tokens=decode_tokens, ignore_eos=True)
     profiler = cProfile.Profile()
     profiler.enable()
-    llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], params, use_tqdm=False)
+    generate_greedy(llm, prompts, decode_tokens)
     profiler.disable()
     text = io.StringIO()
     text.write(f"# one generate: {len(prompts)} prompt(s), {decode_tokens} tokens\n")
