@@ -150,9 +150,11 @@ def sweep_case(model: tuple, batch_size: int, context: int, repeats: int, bandwi
 def decode_sweep(args, repeats: int) -> str:
     bandwidth = copy_bandwidth()
     for model in SWEEP_MODELS:  # each shape against SDPA once, on a dense-referenced batch
-        run_case("decode", model, 2, 300, 3)
+        if args.sweep_shape in model[0]:
+            run_case("decode", model, 2, 300, 3)
+    models = [model for model in SWEEP_MODELS if args.sweep_shape in model[0]]
     rows = [sweep_case(model, batch, context, repeats, bandwidth)
-            for model in SWEEP_MODELS for batch in SWEEP_BATCHES for context in SWEEP_CONTEXTS]
+            for model in models for batch in SWEEP_BATCHES for context in SWEEP_CONTEXTS]
     lines = [f"# Paged attention decode sweep — {torch.cuda.get_device_name()}", "",
              f"{datetime.date.today()}, commit {args.commit}, torch {torch.__version__}, SM80 atom, fp16, "
              f"{BLOCK_SIZE}-token blocks in random order. GPU µs per call (median of {repeats}, launch hidden). "
@@ -198,6 +200,7 @@ def main() -> None:
     parser.add_argument("--commit", default="uncommitted")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--decode-sweep", action="store_true", help="issue #17's decode table instead")
+    parser.add_argument("--sweep-shape", default="", help="only the sweep's shapes whose name contains this")
     args = parser.parse_args()
     repeats = 5 if args.quick else 20
     table = (decode_sweep if args.decode_sweep else comparison_table)(args, repeats)

@@ -135,15 +135,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kv_head = blockIdx.y, split = blockIdx.z;
 
-  int seq = 0;  // the last sequence whose first row tile is at or before this block
-  for (int lo = 0, hi = p.num_seqs - 1; lo <= hi;) {
-    const int mid = (lo + hi) >> 1;
-    if (tile_base<BlockRows>(p, mid) <= int(blockIdx.x)) {
-      seq = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
+  // The block's sequence: the last one whose first row tile is at or before this block. tile_base increases with the
+  // sequence, so that is the count of such sequences minus one, counted by all threads at once: one round of loads
+  // per 128 sequences (a binary search is a chain of log2(num_seqs) dependent loads before any other work).
+  int seq = -1;
+  for (int s0 = 0; s0 < p.num_seqs; s0 += kThreadsPerBlock) {
+    const int s = s0 + tid;
+    seq += __syncthreads_count(s < p.num_seqs && tile_base<BlockRows>(p, s) <= int(blockIdx.x));
   }
   const int q_begin = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - q_begin;
@@ -163,8 +161,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int tile_first = tiles_begin + split * tiles_per_split;
   const int tile_end = min(tiles_end, tile_first + tiles_per_split);
 
-  // Q tile → smem (rows past the sequence are zero).
-  for (int v = tid; v < BlockRows * kChunks; v += kThreadsPerBlock) {
+  // Q tile → smem (rows past the sequence are zero). A split without KV tiles (short contexts under a split count
+  // chosen for long ones, as in a CUDA graph) only writes its empty partials.
+  const int q_vectors = tile_first < tile_end ? BlockRows * kChunks : 0;
+  for (int v = tid; v < q_vectors; v += kThreadsPerBlock) {
     const int r = v / kChunks, c = (v % kChunks) * 8, row = row0 + r;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (row < rows) {
@@ -201,60 +201,74 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const uint16_t* q_warp = q_smem + warp_row0 * kSmemRowHalves;
   uint16_t* p_warp = p_smem + warp_row0 * kSmemRowHalves;
   const int64_t head_offset = int64_t(kv_head) * p.cache_head_stride;
-  auto cache_offset = [&](int key) {
-    return int64_t(blocks[key / p.block_size]) * p.cache_block_stride +
-           int64_t(key % p.block_size) * p.cache_slot_stride + head_offset;
-  };
 
   // Volta has no asynchronous copy, so KV tiles are staged through registers: the first kStaged of a
   // thread's vectors of a tile are loaded one phase early (a tile's values while S is computed, the next
-  // tile's keys during P·V), the rest when stored. Decode blocks stage all of them (half at head_dim 256, where
-  // all spill on sm_70). Prefill blocks at head_dim 256 stage none: their O accumulators hold the registers, and
-  // staging even one vector measured slower on the H200.
-  // Key vector v: key v / kChunks, dims (v % kChunks)·8 …; value vector v: key v % 64, dims (v / 64)·8 …
-  // (lanes take consecutive keys, so the transposed 2-byte stores of a warp hit distinct words).
+  // tile's keys during P·V), the rest when stored, kInFlight at a time. Decode blocks stage all of them (half at
+  // head_dim 256, where all spill on sm_70). Prefill blocks at head_dim 256 stage none: their O accumulators hold the
+  // registers, and staging even one vector measured slower on the H200.
+  // Vector j of a thread, keys and values alike: key tid % 64 of the tile, dims ((tid + 128 j) / 64)·8 … +7. One key
+  // per thread means one block-table lookup per tile instead of one per vector (each lookup is a dependent global load
+  // before the vector's own: at head_dim 256 these chains were most of a short decode call); the next tile's block
+  // number is read with this tile's values, a phase before the next keys need it. Lanes take consecutive keys, so
+  // the 16-byte K stores of a quarter warp fall in distinct banks (rows of 136 halves) and the transposed 2-byte Vᵀ
+  // stores of a warp hit distinct words.
   constexpr int kVectorsPerThread = kTileKeys * kChunks / kThreadsPerBlock;
   constexpr int kStaged = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
-  auto load_vector = [&](const uint16_t* cache, int key0, int key_in_tile, int dim) {
-    const int key = key0 + key_in_tile;
-    // Keys before key_begin are invisible to every row here, and vLLM may have freed their blocks (sliding
-    // window): zeros instead of whatever the block table points at keep P·V free of NaN.
-    return key >= key_begin && key < seq_len ? *reinterpret_cast<const uint4*>(cache + cache_offset(key) + dim)
-                                             : make_uint4(0, 0, 0, 0);
+  constexpr int kInFlight = kDecode ? 4 : 2;  // prefill: four spill on Volta at head_dim 128
+  static_assert((kVectorsPerThread - kStaged) % kInFlight == 0, "unstaged vectors come in groups of kInFlight");
+  const int thread_key = tid % kTileKeys;
+  // Keys before key_begin are invisible to every row here, and vLLM may have freed their blocks (sliding window):
+  // zeros instead of whatever the block table points at keep P·V free of NaN. Keys past seq_len have no block.
+  auto key_visible = [&](int key0) {
+    const int key = key0 + thread_key;
+    return key >= key_begin && key < seq_len;
   };
-  auto load_key_vector = [&](int j, int key0) {
-    const int v = tid + j * kThreadsPerBlock;
-    return load_vector(p.key_cache, key0, v / kChunks, (v % kChunks) * 8);
+  auto cache_block = [&](int key0) { return key_visible(key0) ? blocks[(key0 + thread_key) / p.block_size] : 0; };
+  auto cache_row = [&](int key0, int block) {
+    return int64_t(block) * p.cache_block_stride + int64_t((key0 + thread_key) % p.block_size) * p.cache_slot_stride +
+           head_offset;
   };
-  auto load_value_vector = [&](int j, int key0) {
-    const int v = tid + j * kThreadsPerBlock;
-    return load_vector(p.value_cache, key0, v % kTileKeys, (v / kTileKeys) * 8);
+  bool kv_row_visible = key_visible(tile_first * kTileKeys);
+  int64_t kv_row = cache_row(tile_first * kTileKeys, cache_block(tile_first * kTileKeys));
+  auto vector_dim = [&](int j) { return ((tid + j * kThreadsPerBlock) / kTileKeys) * 8; };
+  auto load_vector = [&](const uint16_t* cache, int j) {
+    return kv_row_visible ? *reinterpret_cast<const uint4*>(cache + kv_row + vector_dim(j)) : make_uint4(0, 0, 0, 0);
   };
   auto store_key_vector = [&](int j, const uint4& value) {
-    const int v = tid + j * kThreadsPerBlock;
-    *reinterpret_cast<uint4*>(kv_smem + panel_offset<kTileKeys>(v / kChunks, (v % kChunks) * 8)) = value;
+    *reinterpret_cast<uint4*>(kv_smem + panel_offset<kTileKeys>(thread_key, vector_dim(j))) = value;
   };
   auto store_value_vector = [&](int j, const uint4& value) {
-    const int v = tid + j * kThreadsPerBlock;
     const uint16_t* halves = reinterpret_cast<const uint16_t*>(&value);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) kv_smem[vt_offset((v / kTileKeys) * 8 + e, v % kTileKeys)] = halves[e];
+    for (int e = 0; e < 8; ++e) kv_smem[vt_offset(vector_dim(j) + e, thread_key)] = halves[e];
+  };
+  // The vectors past the staged ones (of the keys, or of the values): kInFlight loads issued, then their stores.
+  auto load_and_store_unstaged = [&](bool values) {
+#pragma unroll 1  // one group in flight: unrolled, the compiler hoists the next group's loads and spills on Volta
+    for (int j0 = kStaged; j0 < kVectorsPerThread; j0 += kInFlight) {
+      uint4 loaded[kInFlight];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) loaded[i] = load_vector(values ? p.value_cache : p.key_cache, j0 + i);
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) values ? store_value_vector(j0 + i, loaded[i])
+                                                 : store_key_vector(j0 + i, loaded[i]);
+    }
   };
   uint4 staged[kStaged > 0 ? kStaged : 1];
 #pragma unroll
-  for (int j = 0; j < kStaged; ++j) staged[j] = load_key_vector(j, tile_first * kTileKeys);
+  for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.key_cache, j);
 
   for (int tile = tile_first; tile < tile_end; ++tile) {
     const int key0 = tile * kTileKeys;
     __syncthreads();  // the previous tile's Vᵀ has been read (and, on the first tile, Q is stored)
 #pragma unroll
     for (int j = 0; j < kStaged; ++j) store_key_vector(j, staged[j]);
-#pragma unroll 2  // two unstaged loads in flight; four spill on Volta at head_dim 128
-    for (int j = kStaged; j < kVectorsPerThread; ++j) store_key_vector(j, load_key_vector(j, key0));
+    load_and_store_unstaged(false);
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kStaged; ++j) staged[j] = load_value_vector(j, key0);
-
+    for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.value_cache, j);
+    const int next_block = tile + 1 < tile_end ? cache_block(key0 + kTileKeys) : 0;
     if (warp_has_rows) {
       float s[kWarpKeyStrips][8];
 #pragma unroll
@@ -324,12 +338,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 
 #pragma unroll
     for (int j = 0; j < kStaged; ++j) store_value_vector(j, staged[j]);
-#pragma unroll 2
-    for (int j = kStaged; j < kVectorsPerThread; ++j) store_value_vector(j, load_value_vector(j, key0));
+    load_and_store_unstaged(true);
     __syncthreads();
     if (tile + 1 < tile_end) {
+      kv_row_visible = key_visible(key0 + kTileKeys);
+      kv_row = cache_row(key0 + kTileKeys, next_block);
 #pragma unroll
-      for (int j = 0; j < kStaged; ++j) staged[j] = load_key_vector(j, key0 + kTileKeys);
+      for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.key_cache, j);
     }
 
     if (warp_has_rows) {

@@ -38,6 +38,8 @@ BATCHES = {
     # 16-row tiles among decodes
     "speculative": [(63, 4), (300, 4), (1029, 4), (0, 4)],
     "decode-long-row": [(100, 40), (16, 1), (63, 1), (7, 1)],
+    # more sequences than a block has threads: the kernel finds a block's sequence by counting 128 at a time
+    "many-sequences": [((37 * i) % 190, 1 + (i % 7 == 0)) for i in range(300)],
 }
 # (num_heads, num_kv_heads): MHA, GQA 4:1, Qwen3.8-27B's 24:4, MQA.
 HEADS = [(4, 4), (8, 2), (24, 4), (8, 1)]
