@@ -4,8 +4,9 @@
 # Usage: [BASELINE_WHEEL=.whl/…whl] [SWEEP_SHAPE=…] scripts/gpu/run_attention_gpu.sh [quick] [sweep]
 #   sweep: also the decode sweep (issue #17: head_dim 64/128/256, GQA 6:1 and 8:1, batch 1-64, context 128-32768,
 #   every split count) into $OUT/attention-decode-h200.md (only the shapes whose name contains SWEEP_SHAPE)
-#   BASELINE_WHEEL (carry its folder): after the tests, the same sweep and the quick comparison with that wheel's
-#   kernels, into $OUT/baseline-*.md: a before/after on one GPU in one call. Then the wheel's own tables.
+#   BASELINE_WHEEL (carry its folder): after the tests, the sweep (shapes matching BASELINE_SWEEP_SHAPE, default
+#   the Qwen3.8-27B one) and the quick comparison with that wheel's kernels, into $OUT/baseline-*.md: a before/after
+#   on one GPU in one call. Then the wheel's own tables.
 set -uo pipefail
 source scripts/gpu/gpu_build.sh
 python3 -m pytest -q tests/gpu/test_attention_gpu.py tests/gpu/test_attention_graphs.py -p no:cacheprovider -rs -s 2>&1 > "$OUT/attention-tests.log"
@@ -32,7 +33,8 @@ if [[ -n "${BASELINE_WHEEL:-}" ]]; then
   rm -rf /tmp/baseline-unpacked && python3 -m zipfile -e "$BASELINE_WHEEL" /tmp/baseline-unpacked &&
     swap_extension /tmp/baseline-unpacked || exit 1
   base_commit=${BASELINE_COMMIT:-$(basename "$BASELINE_WHEEL")}
-  python3 benchmarks/bench_attention.py "${SWEEP_ARGS[@]}" --out "$OUT/baseline-attention-decode.md" \
+  python3 benchmarks/bench_attention.py --decode-sweep --sweep-shape "${BASELINE_SWEEP_SHAPE:-Qwen3.8}" \
+    --out "$OUT/baseline-attention-decode.md" \
     --commit "$base_commit" > "$OUT/baseline-attention-decode.log" 2>&1 || baseline_rc=1
   python3 benchmarks/bench_attention.py --quick --out "$OUT/baseline-attention.md" --commit "$base_commit" \
     > "$OUT/baseline-attention.log" 2>&1 || baseline_rc=1
@@ -51,4 +53,6 @@ if [[ " $* " == *" sweep "* ]]; then
   tail -5 "$OUT/attention-decode.log"
   [[ -f "$OUT/attention-decode-h200.md" ]] && cat "$OUT/attention-decode-h200.md"
 fi
+# At most 8 files come back from a call: the tables, and the logs in one archive.
+tar czf "$OUT/attention-logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log gpu.txt 2> /dev/null) && rm -f "$OUT"/*.log "$OUT/gpu.txt"
 exit $(( tests_rc || baseline_rc || bench_rc || sweep_rc ))
