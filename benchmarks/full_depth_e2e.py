@@ -202,7 +202,9 @@ def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> li
              "- model: 64 layers (48 Gated DeltaNet + 16 gated attention), hidden 5120, intermediate 17408, "
              f"vocabulary {meta['vocab']}, random weights; fp16 embeddings and lm_head; written by "
              "`benchmarks/full_depth_e2e.py` (protocol: `volta-fp4 bench --offline`, toolkit/benchmark.py).",
-             f"- protocol: {meta['protocol']}; GPU µs/step: kernel time per decode step of the batch (torch "
+             f"- protocol: {meta['protocol']}; max-model-len of the rows: "
+             f"{', '.join(map(str, sorted({row['max_model_len'] for row in rows})))}; GPU µs/step: kernel time per "
+             "decode step of the batch (torch "
              "profiler, 32 steps), split by kernel family (devkit/gpu_time.py).",
              f"- memory: V100-capped engines get gpu_memory_utilization = 0.9 × 32 GB / {meta['gpu_total_gb']:.0f} "
              "GB; fp16 whole GPU 0.9. Rows named MODEL are computed, not measured.",
@@ -267,7 +269,7 @@ def bench(args) -> int:
             "torch": torch.__version__, "vocab": json.loads((args.workdir / FP16_DIR / "config.json").read_text())
             ["text_config"]["vocab_size"], "gpu_total_gb": torch.cuda.mem_get_info()[1] / 1e9 if cuda else 0,
             "protocol": f"{protocol.input_len} in / {protocol.output_len} out, batches {protocol.batches}, "
-                        f"max-model-len {protocol.max_model_lens}, {protocol.repeats} round(s)"}
+                        f"{protocol.repeats} round(s)"}
     status = 0
     measured = {"measured_at": meta["date"], "commit": args.commit}
     # One engine per (engine, mode, max-model-len), its rows stored as soon as it ends: an engine that fails (at

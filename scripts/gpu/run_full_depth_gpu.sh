@@ -22,6 +22,9 @@
 # Device time: the engine starts dominate (27B weights from page cache, torch.compile, CUDA graphs). Measured
 # 2026-12-02: stage 1 took 6 min of its call on a cold machine (build, kit, checkpoint 40 s, the engine), stage 2
 # 5 min; so one session's 30 minutes hold about stages 1, 2 and 7. PAIRS="w4a16:eager:4096 …" overrides a stage's list.
+# A pair's ENGINE may list several engines ("mixed,w4a16:default:8192"): one process, each later engine starts in
+# ~70 s instead of ~180 s. Not the fp16 whole-GPU engine after others: they leave ~55 GB allocated and its 0.9 of
+# the GPU does not fit (measured 2026-12-03); give it a pair of its own.
 # Every stage appends its rows to /tmp/full-depth/results.json (replacing rows of the same engine, mode and
 # length) and re-renders $OUT/full-depth-27b-h200.md and .png from all rows so far. A machine without that file
 # starts from the committed rows (benchmarks/results/full-depth-27b-h200.json), so copy the three files that come

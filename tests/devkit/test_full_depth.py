@@ -42,6 +42,7 @@ def test_report_names_gpu_commit_and_version_and_plots(tmp_path):
     written = full_depth.render(rows, META, tmp_path)
     text = written[0].read_text()
     assert "TEST GPU" in text and "abc1234" in text and "vLLM 0.0" in text
+    assert "max-model-len of the rows: 4096;" in text  # from the rows, not from the rendering call's protocol
     assert text.count("| fp16, whole GPU |") == 4
     # rows measured at other commits than the render's say so (the table gathers several device calls)
     assert text.count("| 2026-11-30 10:00, old0001 |") == 2 and text.count(", new0002 |") == 2
