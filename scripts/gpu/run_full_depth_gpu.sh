@@ -76,6 +76,7 @@ for pair in $PAIRS; do
     --engines "$engine" --modes "$mode" --max-model-lens "$lengths" --commit "${COMMIT:-uncommitted}" \
     --preload scripts/gpu/uva_view_standin.py > "$OUT/bench-$engine-$mode-${lengths//,/-}.log" 2>&1 || status=1
   grep -E "^wrote|Error|error:|tok/s" "$OUT/bench-$engine-$mode-${lengths//,/-}.log" | tail -6
+  cp "$WORK/results.json" "$OUT/full-depth-results.json" 2>/dev/null  # after every pair: a call cut short keeps them
 done
 if (( STAGE == 6 )); then
   step "MTP round cost at full depth, K = ${KS:-3}"
