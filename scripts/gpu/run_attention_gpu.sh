@@ -38,7 +38,7 @@ if [[ -n "${BASELINE_WHEEL:-}" ]]; then
     --commit "$base_commit" > "$OUT/baseline-attention-decode.log" 2>&1 || baseline_rc=1
   python3 benchmarks/bench_attention.py --quick --out "$OUT/baseline-attention.md" --commit "$base_commit" \
     > "$OUT/baseline-attention.log" 2>&1 || baseline_rc=1
-  tail -3 "$OUT"/baseline-attention*.log
+  tail -n 3 "$OUT"/baseline-attention*.log
   swap_extension /tmp/wheel-unpacked || exit 1
 fi
 python3 benchmarks/bench_attention.py --out "$OUT/attention-h200.md" "${BENCH_ARGS[@]}" > "$OUT/attention-bench.log" 2>&1
