@@ -215,7 +215,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   // stores of a warp hit distinct words.
   constexpr int kVectorsPerThread = kTileKeys * kChunks / kThreadsPerBlock;
   constexpr int kStaged = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
-  constexpr int kInFlight = kDecode ? 4 : 2;  // prefill: four spill on Volta at head_dim 128
+  // Prefill blocks: 2 (4 puts head_dim 128 at sm_70's 255 registers, on the edge of spilling; not measured).
+  constexpr int kInFlight = kDecode ? 4 : 2;
   static_assert((kVectorsPerThread - kStaged) % kInFlight == 0, "unstaged vectors come in groups of kInFlight");
   const int thread_key = tid % kTileKeys;
   // Keys before key_begin are invisible to every row here, and vLLM may have freed their blocks (sliding window):
