@@ -149,10 +149,9 @@ def sweep_case(model: tuple, batch_size: int, context: int, repeats: int, bandwi
 
 def decode_sweep(args, repeats: int) -> str:
     bandwidth = copy_bandwidth()
-    for model in SWEEP_MODELS:  # each shape against SDPA once, on a dense-referenced batch
-        if args.sweep_shape in model[0]:
-            run_case("decode", model, 2, 300, 3)
     models = [model for model in SWEEP_MODELS if args.sweep_shape in model[0]]
+    for model in models:  # each shape against SDPA once, on a dense-referenced batch
+        run_case("decode", model, 2, 300, 3)
     rows = [sweep_case(model, batch, context, repeats, bandwidth)
             for model in models for batch in SWEEP_BATCHES for context in SWEEP_CONTEXTS]
     lines = [f"# Paged attention decode sweep — {torch.cuda.get_device_name()}", "",
