@@ -204,8 +204,7 @@ def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> li
              "`benchmarks/full_depth_e2e.py` (protocol: `volta-fp4 bench --offline`, toolkit/benchmark.py).",
              f"- protocol: {meta['protocol']}; max-model-len of the rows: "
              f"{', '.join(map(str, sorted({row['max_model_len'] for row in rows})))}; GPU µs/step: kernel time per "
-             "decode step of the batch (torch "
-             "profiler, 32 steps), split by kernel family (devkit/gpu_time.py).",
+             "decode step of the batch (torch profiler, 32 steps), split by kernel family (devkit/gpu_time.py).",
              f"- memory: V100-capped engines get gpu_memory_utilization = 0.9 × 32 GB / {meta['gpu_total_gb']:.0f} "
              "GB; fp16 whole GPU 0.9. Rows named MODEL are computed, not measured.",
              f"- attention: every engine on the plugin's backend (`attention_backend={BACKEND_NAME}`).", "",
