@@ -33,17 +33,28 @@ inline int64_t row_tiles(int64_t num_tokens, int64_t group, int64_t num_seqs, in
   return num_tokens * group / block_rows + num_seqs;
 }
 
-// KV splits per row tile: `requested` if > 0, else enough to give ~2 blocks per SM when the row tiles alone leave
-// SMs idle (never below kMinTilesPerSplit KV tiles per split). The count depends on the launch shape and
-// max_seq_len only (host values a CUDA graph keeps); each block divides its own KV tiles among the splits.
-inline int choose_splits(int64_t requested, int64_t tiles, int64_t num_kv_heads, int64_t max_seq_len,
-                         int64_t multiprocessors) {
+// Row tiles that hold rows, from host values: each sequence's share of the tokens (rounded up) times the group, in
+// block_rows tiles. Decode: one tile per sequence (row_tiles above also counts the tiles a sequence might straddle,
+// 1.4-1.5× as many at GQA 6:1 and 8:1, blocks that exit at once).
+inline int64_t busy_row_tiles(int64_t num_tokens, int64_t group, int64_t num_seqs, int64_t block_rows) {
+  const int64_t rows_per_seq = (num_tokens + num_seqs - 1) / num_seqs * group;
+  return std::min(row_tiles(num_tokens, group, num_seqs, block_rows),
+                  num_seqs * ((rows_per_seq + block_rows - 1) / block_rows));
+}
+
+// KV splits per row tile: `requested` if > 0, else as many as the kernel's resident block slots (`slots`: SMs ×
+// blocks per SM) hold in one wave beside the busy blocks, never below kMinTilesPerSplit KV tiles per split. One wave:
+// a partial second wave costs more than the split saves. The slots, not a fixed blocks-per-SM, because head_dim 64
+// fits twice the blocks of 128 and 256 (H200 sweep, 2026-12-03: the fastest forced count filled 2 blocks per SM at
+// head_dim 128/256 and 4 at 64, every batch 4-64). The count depends on the launch shape and max_seq_len only (host
+// values a CUDA graph keeps); each block divides its own KV tiles among the splits.
+inline int choose_splits(int64_t requested, int64_t busy_tiles, int64_t num_kv_heads, int64_t max_seq_len,
+                         int64_t slots) {
   const int64_t max_kv_tiles = std::max<int64_t>(1, (max_seq_len + kTileKeys - 1) / kTileKeys);
   int64_t splits = requested;
   if (splits <= 0) {
-    const int64_t target_blocks = 2 * multiprocessors, blocks = tiles * num_kv_heads;
-    splits = blocks >= target_blocks ? 1 : std::min((target_blocks + blocks - 1) / blocks,
-                                                    (max_kv_tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
+    splits = std::min(slots / std::max<int64_t>(1, busy_tiles * num_kv_heads),
+                      (max_kv_tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
   }
   return int(std::max<int64_t>(1, std::min<int64_t>({splits, max_kv_tiles, kMaxSplits})));
 }

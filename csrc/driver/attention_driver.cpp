@@ -138,7 +138,11 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
 
   const int block_rows = choose_block_rows(num_tokens, p.group, num_seqs);
   const int64_t tiles = row_tiles(num_tokens, p.group, num_seqs, block_rows);
-  p.splits = choose_splits(num_splits, tiles, num_kv_heads, max_seq_len, driver::multiprocessor_count(device));
+  const int d = int(head_size), smem = attention_smem_bytes(d, block_rows);
+  const LoadedKernel& kernel = loaded_kernel(device, paged_attention_kernel_name(sm70, d, block_rows),
+                                             kThreadsPerBlock, smem);
+  p.splits = choose_splits(num_splits, busy_row_tiles(num_tokens, p.group, num_seqs, block_rows), num_kv_heads,
+                           max_seq_len, int64_t(driver::multiprocessor_count(device)) * kernel.blocks_per_sm);
   Tensor partial_out, partial_lse;
   if (p.splits > 1) {
     partial_out = torch::stable::new_empty(query, {p.splits, num_tokens, num_heads, head_size}, ScalarType::Float);
@@ -146,12 +150,10 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
     p.partial_out = static_cast<float*>(partial_out.data_ptr());
     p.partial_lse = static_cast<float*>(partial_lse.data_ptr());
   }
-  const int d = int(head_size), smem = attention_smem_bytes(d, block_rows);
   void* stream = current_stream(device);
   void* args[] = {&p};
-  loaded_kernel(device, paged_attention_kernel_name(sm70, d, block_rows), kThreadsPerBlock, smem)
-      .kernel.launch({unsigned(tiles), unsigned(num_kv_heads), unsigned(p.splits)}, kThreadsPerBlock, unsigned(smem),
-                     stream, args);
+  kernel.kernel.launch({unsigned(tiles), unsigned(num_kv_heads), unsigned(p.splits)}, kThreadsPerBlock,
+                       unsigned(smem), stream, args);
   if (p.splits > 1) {
     loaded_kernel(device, combine_splits_kernel_name(d), d / 2, 0)
         .kernel.launch({unsigned(num_tokens), unsigned(num_heads)}, unsigned(d / 2), 0, stream, args);

@@ -1,0 +1,84 @@
+"""The attention ops' host decisions (csrc/attention/attention_plan.h), compiled alone with the host compiler: the
+busy row tiles a launch is planned for and the split-KV count chosen from the kernel's resident block slots."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+H200_SMS = 132
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+
+
+def _evaluate(tmp_path: Path, calls: list[str]) -> list[int]:
+    """The values of C++ expressions over the plan's functions (namespace volta_fp4::attention)."""
+    program = tmp_path / "plan.cpp"
+    body = "\n".join(f"  std::printf(\"%lld\\n\", (long long)({call}));" for call in calls)
+    program.write_text(f'#include <cstdio>\n#include "attention/attention_plan.h"\n'
+                       f"using namespace volta_fp4::attention;\nint main() {{\n{body}\n}}\n")
+    subprocess.run(["g++", "-std=c++17", f"-I{REPO / 'csrc'}", str(program), "-o", str(tmp_path / "plan")],
+                   check=True)
+    output = subprocess.run([str(tmp_path / "plan")], check=True, capture_output=True, text=True).stdout
+    return [int(line) for line in output.split()]
+
+
+# (what, busy_row_tiles(num_tokens, group, num_seqs, block_rows), expected)
+BUSY_TILES = [
+    ("decode, GQA 6:1, 16 sequences: one tile each", "busy_row_tiles(16, 6, 16, kDecodeRows)", 16),
+    ("decode, GQA 8:1, 64 sequences", "busy_row_tiles(64, 8, 64, kDecodeRows)", 64),
+    ("MTP verification K = 3 at 6:1: 24 rows, two tiles per sequence", "busy_row_tiles(16, 6, 4, kDecodeRows)", 8),
+    ("one prefill of 4096 tokens at 6:1", "busy_row_tiles(4096, 6, 1, kPrefillRows)", 384),
+]
+
+# (what, choose_splits(requested, busy_tiles, num_kv_heads, max_seq_len, slots), expected). The slots are the H200's
+# 132 SMs × the resident blocks per SM of the decode kernel there (2 at head_dim 128/256, 4 at 64); the expected
+# counts are the fastest forced counts of the H200 sweep (benchmarks/results/attention-decode-h200.md, 4 KV heads).
+SPLITS = [
+    ("d256, batch 4: 16 blocks on 264 slots", f"choose_splits(0, 4, 4, 4096, {2 * H200_SMS})", 16),
+    ("d256, batch 16", f"choose_splits(0, 16, 4, 4096, {2 * H200_SMS})", 4),
+    ("d256, batch 64: the busy blocks fill a wave", f"choose_splits(0, 64, 4, 4096, {2 * H200_SMS})", 1),
+    ("d64, batch 16", f"choose_splits(0, 16, 4, 4096, {4 * H200_SMS})", 8),
+    ("d64, batch 64", f"choose_splits(0, 64, 4, 4096, {4 * H200_SMS})", 2),
+    ("batch 1 at 2048 tokens: at least 2 KV tiles per split", f"choose_splits(0, 1, 4, 2048, {2 * H200_SMS})", 16),
+    ("batch 1 at 32768: kMaxSplits", f"choose_splits(0, 1, 4, 32768, {2 * H200_SMS})", 64),
+    ("more busy blocks than slots", f"choose_splits(0, 400, 8, 4096, {2 * H200_SMS})", 1),
+    ("a requested count is kept", f"choose_splits(5, 64, 4, 4096, {2 * H200_SMS})", 5),
+    ("a requested count above the KV tiles is clamped", "choose_splits(100, 1, 4, 64, 264)", 1),
+]
+
+
+@pytest.mark.parametrize("table", [BUSY_TILES, SPLITS], ids=["busy_row_tiles", "choose_splits"])
+def test_plan_cases(tmp_path, table):
+    values = _evaluate(tmp_path, [call for _, call, _ in table])
+    got = {what: value for (what, _, _), value in zip(table, values, strict=True)}
+    assert got == {what: want for what, _, want in table}
+
+
+def test_busy_tiles_within_the_grid_and_splits_within_one_wave(tmp_path):
+    """On random launch shapes: the busy tiles never exceed the grid's row tiles (the kernel's upper bound), and an
+    automatic count above 1 never asks for more blocks than the slots hold."""
+    rng = random.Random(0)
+    shapes = []
+    for _ in range(200):
+        seqs = rng.randint(1, 300)
+        tokens, group, rows = seqs * rng.choice([1, 2, 4, 8]) + rng.randint(0, 50), rng.choice([1, 4, 6, 8, 16]), \
+            rng.choice(["kDecodeRows", "kPrefillRows"])
+        shapes.append((tokens, group, seqs, rows, rng.choice([1, 2, 4, 8]), rng.randint(1, 40000),
+                       rng.choice([80, 132]) * rng.randint(1, 4)))
+    calls = []
+    for tokens, group, seqs, rows, heads, max_len, slots in shapes:
+        busy = f"busy_row_tiles({tokens}, {group}, {seqs}, {rows})"
+        calls += [busy, f"row_tiles({tokens}, {group}, {seqs}, {rows})",
+                  f"choose_splits(0, {busy}, {heads}, {max_len}, {slots})"]
+    values = _evaluate(tmp_path, calls)
+    assert len(values) == len(calls)
+    for shape, busy, grid, splits in zip(shapes, values[0::3], values[1::3], values[2::3], strict=True):
+        heads, slots = shape[4], shape[6]
+        assert 1 <= busy <= grid, shape
+        assert splits == 1 or busy * heads * splits <= slots, shape
