@@ -25,9 +25,10 @@
 # A pair's ENGINE may list several engines ("mixed,w4a16:default:8192"): one process, each later engine starts in
 # ~70 s instead of ~180 s. Not the fp16 whole-GPU engine after others: they leave ~55 GB allocated and its 0.9 of
 # the GPU does not fit (measured 2026-12-03); give it a pair of its own.
-# Eager pairs: the W4A16 engine starts in ~90 s, but the protocol's three batches plus the profiled steps of a
-# 64-layer model run eagerly took over 3 min (2026-12-03: still profiling batch 8 when PAIR_TIMEOUT=280 ended
-# it, rows lost): one eager pair per call, PAIR_TIMEOUT=420.
+# Eager pairs, one length and one pair per call, PAIR_TIMEOUT=420 (stage 4's list is the whole set, for PAIRS to
+# pick from). Measured 2026-12-03 (7ad1c2e): PAIRS="w4a16:eager:4096" took 300 s (engine start 130 s, of it 87 s
+# in the first profile run on a cold machine; the three batches and their profiled steps 165 s: ~77 ms per eager
+# step at batch 1), then PAIRS="fp16:eager:4096" on the same warm machine 160 s.
 # Every stage appends its rows to /tmp/full-depth/results.json (replacing rows of the same engine, mode and
 # length) and re-renders $OUT/full-depth-27b-h200.md and .png from all rows so far. A machine without that file
 # starts from the committed rows (benchmarks/results/full-depth-27b-h200.json), so copy the three files that come
