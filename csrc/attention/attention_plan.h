@@ -37,9 +37,10 @@ inline int64_t row_tiles(int64_t num_tokens, int64_t group, int64_t num_seqs, in
 // block_rows tiles. Decode: one tile per sequence (row_tiles above also counts the tiles a sequence might straddle,
 // 1.4-1.5× as many at GQA 6:1 and 8:1, blocks that exit at once).
 inline int64_t busy_row_tiles(int64_t num_tokens, int64_t group, int64_t num_seqs, int64_t block_rows) {
-  const int64_t rows_per_seq = (num_tokens + num_seqs - 1) / num_seqs * group;
+  const int64_t seqs = std::max<int64_t>(1, num_seqs);  // the ops return before planning an empty batch
+  const int64_t rows_per_seq = (num_tokens + seqs - 1) / seqs * group;
   return std::min(row_tiles(num_tokens, group, num_seqs, block_rows),
-                  num_seqs * ((rows_per_seq + block_rows - 1) / block_rows));
+                  seqs * ((rows_per_seq + block_rows - 1) / block_rows));
 }
 
 // KV splits per row tile: `requested` if > 0, else as many as the kernel's resident block slots (`slots`: SMs ×

@@ -34,6 +34,7 @@ BUSY_TILES = [
     ("decode, GQA 8:1, 64 sequences", "busy_row_tiles(64, 8, 64, kDecodeRows)", 64),
     ("MTP verification K = 3 at 6:1: 24 rows, two tiles per sequence", "busy_row_tiles(16, 6, 4, kDecodeRows)", 8),
     ("one prefill of 4096 tokens at 6:1", "busy_row_tiles(4096, 6, 1, kPrefillRows)", 384),
+    ("no sequence: no division by zero", "busy_row_tiles(0, 6, 0, kDecodeRows)", 0),
 ]
 
 # (what, choose_splits(requested, busy_tiles, num_kv_heads, max_seq_len, slots), expected). The slots are the H200's
