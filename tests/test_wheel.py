@@ -5,8 +5,6 @@ machine code (a subset here, to keep CI fast; ``tools/sm70_check.py --wheel`` ch
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import sm70_check  # noqa: E402
 
+from tests.host_program import requires_host_compiler, run_host_program  # noqa: E402
 from tests.plugin.trace_probe import extension_schemas  # noqa: E402
 
 
@@ -31,16 +30,11 @@ PLAN_HEADERS = {"gemm/weight_gemm_plan.h": "volta_fp4", "attention/attention_pla
                 "gdn/gdn_plan.h": "volta_fp4::gdn"}
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+@requires_host_compiler
 def test_host_code_launches_the_kernel_table(tmp_path):
-    program = tmp_path / "names.cpp"
-    lines = ["#include <cstdio>", *(f'#include "{header}"' for header in PLAN_HEADERS), "int main() {"]
-    lines += [f"  for (const auto& n : {namespace}::launched_kernel_names()) std::puts(n.c_str());"
-              for namespace in PLAN_HEADERS.values()]
-    program.write_text("\n".join([*lines, "}"]) + "\n")
-    subprocess.run(["g++", "-std=c++17", f"-I{REPO / 'csrc'}", str(program), "-o", str(tmp_path / "names")],
-                   check=True)
-    launched = subprocess.run([str(tmp_path / "names")], check=True, capture_output=True, text=True).stdout.split("\n")
+    body = [f"  for (const auto& n : {namespace}::launched_kernel_names()) std::puts(n.c_str());"
+            for namespace in PLAN_HEADERS.values()]
+    launched = run_host_program(tmp_path, list(PLAN_HEADERS), body).split("\n")
     assert [n for n in launched if n] == sm70_check.kernel_expressions()
 
 

@@ -4,27 +4,22 @@ busy row tiles a launch is planned for and the split-KV count chosen from the ke
 from __future__ import annotations
 
 import random
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.host_program import requires_host_compiler, run_host_program
+
 H200_SMS = 132
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+pytestmark = requires_host_compiler
 
 
 def _evaluate(tmp_path: Path, calls: list[str]) -> list[int]:
     """The values of C++ expressions over the plan's functions (namespace volta_fp4::attention)."""
-    program = tmp_path / "plan.cpp"
-    body = "\n".join(f"  std::printf(\"%lld\\n\", (long long)({call}));" for call in calls)
-    program.write_text(f'#include <cstdio>\n#include "attention/attention_plan.h"\n'
-                       f"using namespace volta_fp4::attention;\nint main() {{\n{body}\n}}\n")
-    subprocess.run(["g++", "-std=c++17", f"-I{REPO / 'csrc'}", str(program), "-o", str(tmp_path / "plan")],
-                   check=True)
-    output = subprocess.run([str(tmp_path / "plan")], check=True, capture_output=True, text=True).stdout
+    body = [f"  std::printf(\"%lld\\n\", (long long)({call}));" for call in calls]
+    output = run_host_program(tmp_path, ["attention/attention_plan.h"], body,
+                              preamble="using namespace volta_fp4::attention;")
     return [int(line) for line in output.split()]
 
 
