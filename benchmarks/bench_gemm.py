@@ -31,9 +31,9 @@ SHAPES = [
     ("gdn_in_proj", 16384, 5120),
     ("gdn_out_proj", 5120, 6144),
 ]
-M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+M_VALUES = [1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ROTATION_BYTES = 512 << 20  # > 8 × the H200's L2
-GEMV_MAX_M = 8  # PATH_GEMV takes M <= 8 (kGemvMaxM in csrc/gemm/weight_gemm.cuh)
+GEMV_MAX_M = 16  # PATH_GEMV takes M <= 16 (kGemvMaxM in csrc/gemm/weight_gemm_shape.h)
 
 
 def time_graph(step, rotations: int, calls: int, replays: int = 7) -> float:
@@ -148,7 +148,7 @@ def markdown(rows: list[dict], copy_gbps: float, gpu: str, commit: str) -> str:
         "  compatibility mode: a correctness run, not a Volta number). `dequant_cublas`: tile-wise dequantize to fp16 +",
         "  cuBLAS. `auto`: what the op dispatches to. Speedups are cuBLAS FP16 time / ours (higher is better).",
         "- GB/s: packed weight bytes (codes + block scales) / fused time; % of copy: that over the copy bandwidth.",
-        "- `gemv`: the GEMV (PATH_GEMV, M <= 8, weights decoded into MMA fragments); `gemv × cuBLAS` and `gemv % copy` as for the fused kernel.",
+        "- `gemv`: the GEMV (PATH_GEMV, M <= 16, weights decoded into MMA fragments); `gemv × cuBLAS` and `gemv % copy` as for the fused kernel.",
         "",
         "| shape | N | K | M | cuBLAS fp16 µs | fused sm80 µs | fused sm70 µs | gemv µs | dequant+cuBLAS µs | auto µs | auto × cuBLAS | fused × cuBLAS | gemv × cuBLAS | fused GB/s | % copy | gemv % copy | auto TFLOP/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -24,7 +24,7 @@ activation statistics bf16 training produces, which a randomly initialised test 
   kernels' epilogues do, so the fp16 run needs no emulation. transformers itself keeps some sites in fp32 — the
   RMSNorm statistics, softmax, the GDN decay and the whole gated delta rule (it casts q/k/v to fp32) — as vLLM
   and our kernels do (RMSNorm variance and the GDN/attention accumulators are fp32 there too);
-* stands for our linear kernels as they are: every path of weight_gemm.cuh (the tensor-core GEMV for M ≤ 8, the fused
+* stands for our linear kernels as they are: every path of weight_gemm.cuh (the tensor-core GEMV for M ≤ 16, the fused
   kernel, dequantize + cuBLAS) multiplies the fp16 input by weights decoded exactly to fp16 (w · 2^-8) with fp32
   accumulation and rounds the output once, which is what the fp16 matmul here does. (The CUDA-core GEMV it replaced
   summed 16-column groups in fp16, and that sum was the first overflow: a super activation meets its block's

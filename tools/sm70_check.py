@@ -35,7 +35,7 @@ VOLTA_HMMA = "mma.sync.aligned.m8n8k4"
 MMA_ATOMS = ("Sm70Mma", "Sm80Mma")
 FORMATS = ("Nvfp4Format", "Fp8Format")
 BLOCK_ROWS = (16, 32, 64)  # the BM values the GEMM ops launch (gemm/weight_gemm_plan.h)
-GEMV_ROWS = tuple(range(1, 9))  # the M values of weight_gemv_kernel (PATH_GEMV, M <= kGemvMaxM)
+GEMV_ROWS = tuple(range(1, 17))  # the M values of weight_gemv_kernel (PATH_GEMV, M <= kGemvMaxM)
 ATTENTION_HEAD_SIZES = (64, 128, 256)
 ATTENTION_BLOCK_ROWS = (64, 16)  # prefill and decode blocks (attention/attention_shape.h)
 GDN_HEAD_DIMS = (64, 128)

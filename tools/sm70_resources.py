@@ -67,7 +67,7 @@ def unit_of_work(name: str) -> str:
         bm = numbers[-1]
         return f"{4 * bm // 16 * GEMM_STAGE_K // 4} per {bm}×64 output tile per 128-deep K stage (4 warps × BM/16 × 32)"
     if "weight_gemv_kernel" in name:
-        return "64 per 64×128 weight tile, any M ≤ 8 (one m8n8k4 = 8 weight rows × 16 k × 8 x rows)"
+        return "64 per 64×128 weight tile, any M ≤ 8, twice that for M = 9-16 (one m8n8k4 = 8 weight rows × 16 k × 8 x rows)"
     if "paged_attention_kernel" in name:
         d, rows = numbers[-2:]
         if rows == 16:  # decode blocks: warp w takes 16 keys of S and a quarter of the head dims of O

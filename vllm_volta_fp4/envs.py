@@ -29,7 +29,7 @@ GDN = Variable("VLLM_VOLTA_FP4_GDN", _SWITCH_ACCEPTS,
                "the plugin's Gated-DeltaNet kernels inside vLLM's GDN layers (unset: on compute capability 7.x)")
 MMA = Variable("VLLM_VOLTA_FP4_MMA", "sm70, sm80 or auto", "force an MMA atom (unset/auto: by compute capability)")
 GEMV_MAX_M = Variable("VLLM_VOLTA_FP4_GEMV_MAX_M", "an integer ≥ 0",
-                      "largest M the GEMM's automatic choice sends to the GEMV (0: never; default and maximum 8)")
+                      "largest M the GEMM's automatic choice sends to the GEMV (0: never; default and maximum 16)")
 CUBLAS_MIN_M = Variable("VLLM_VOLTA_FP4_CUBLAS_MIN_M", "an integer ≥ 1",
                         "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 65)")
 DRAFT_FP8, DRAFT_NVFP4 = "fp8", "nvfp4"

@@ -31,7 +31,7 @@
 // Split-K (small M): blocks of the same output tile write fp32 partials; the last one to arrive (counted with
 // a per-layer semaphore that it resets to zero) sums them in split order (deterministic) and runs the
 // epilogue. Epilogue: acc · row_scale[n] + bias[n], rounded once to fp16.
-// Small M (≤ 8) has a second kernel on the same tiles, weight_gemv_kernel (weights decoded in registers straight
+// Small M (≤ 16) has a second kernel on the same tiles, weight_gemv_kernel (weights decoded in registers straight
 // into MMA fragments, no shared memory): see "GEMV path" below.
 #pragma once
 
@@ -309,8 +309,9 @@ __global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams 
 
 // ─── GEMV path (small M, PATH_GEMV): weights decoded in registers straight into MMA fragments ─────────────
 // yᵀ = W · xᵀ with the weights as the MMA's A operand (16 rows of a row group × k) and xᵀ as B (k × 8 columns
-// = the M ≤ 8 rows of x; columns ≥ M are zeros), so the tensor cores apply each decoded weight to all M rows and
-// the cost per weight is the decode (NVFP4: 11 integer instructions + 4 mul.f16x2 per 8 weights) whatever M is.
+// = 8 rows of x; columns ≥ M feed outputs that are never stored), so the tensor cores apply each decoded weight to
+// all 8 rows and the cost per weight is the decode (NVFP4: 11 integer instructions + 4 mul.f16x2 per 8 weights)
+// whatever M ≤ 8 is; M = 9-16 adds a second B (x rows 8-15) to the same decoded A.
 // An MMA sums over its k slots, so the slots may stand for any columns as long as A and B agree; the record
 // layout gives lane slot v = (g, t) the columns c … c+3 of rows g and g+8 for step (h, b), which is
 //   sm_80 m16n8k16: A rows g, g+8, slots 2t, 2t+1 ↔ c, c+1 and 2t+8, 2t+9 ↔ c+2, c+3; B = x[g][c … c+3];
@@ -334,16 +335,25 @@ __device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, flo
   p.y[int64_t(m) * p.N + n] = uint16_t(float2_to_half2_rn(out, 0.f) & 0xFFFFu);
 }
 
+// Rows 9-16 (a server decoding 9-16 sequences, MTP verification of K = 3 at batch 4): x rows 8-15 are a second B
+// operand of the same decoded A fragment, so each decoded weight feeds one more MMA into a second accumulator set
+// and nothing more is decoded. Their x fragments are read from L1 when the tile is computed, not loaded ahead in
+// the ring (16 more registers per tile in flight would not fit), and the kernel may use registers for 3 blocks per SM
+// (12 decoding warps) instead of 4.
+//
 // Grid: ceil(tiles / p.tiles_per_block) blocks of kThreads; p.partials: [grid][2][M][64] (a block's first and last
 // strip can be pieces). M is the exact row count (p.M == M).
 template <class Mma, class Format, int M>
-__global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMinBlocks)
+    weight_gemv_kernel(const GemmParams p) {
   static_assert(M >= 1 && M <= kGemvMaxM, "GEMV rows");
+  constexpr int kXBlocks = (M + 7) / 8;  // blocks of 8 x rows, one B operand (and accumulator set) each
   constexpr int kRing = Format::kGemvStagesInFlight < Mma::kGemvMaxStages ? Format::kGemvStagesInFlight
                                                                          : Mma::kGemvMaxStages;
+  using XFragments = uint4[2][2];  // [h]: x row g, columns h·64 + 16t … +15 of the tile
   struct Stage {
     typename Format::Stage w;
-    uint4 x[2][2];  // [h]: x row g, columns h·64 + 16t … +15 of the tile
+    XFragments x;  // x rows 0-7
   };
   __shared__ int arrived_last;
 
@@ -352,27 +362,31 @@ __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(c
   const int per = p.tiles_per_block, tiles = (p.N + kTileN - 1) / kTileN * p.k_tiles;
   const int j_begin = blockIdx.x * per, count = min(per, tiles - j_begin);
 
-  // Next stage to load: its record and its first column. Lanes of x rows g ≥ M load row 0: B column g only feeds
-  // outputs m = g, which are never stored, so it need not be zero. Columns ≥ K must be (the last k-tile of a strip
-  // when K is not a multiple of 128; uniform over the block): zero-filled there only.
+  // Next stage to load: its record and its first column. Lanes of x rows ≥ M load row 0: B column g only feeds
+  // outputs of that row, which are never stored, so it need not be zero. Columns ≥ K must be (the last k-tile of a
+  // strip when K is not a multiple of 128; uniform over the block): zero-filled there only.
   const uint8_t* next_record = p.weight_tiles + int64_t(j_begin) * Format::kChunkBytes + warp * Format::kRecordBytes;
   const uint16_t* x_lane = p.x + int64_t(g < M ? g : 0) * p.ldx + 16 * t;
+  const uint16_t* x_lane_high = p.x + int64_t(g + 8 < M ? g + 8 : 0) * p.ldx + 16 * t;  // M > 8 only
   const int k_end = p.k_tiles * kTileK;
-  int next_k = j_begin % p.k_tiles * kTileK;
-  auto load = [&](Stage& s) {
-    Format::load(s.w, next_record, v);
-    const uint4* src = reinterpret_cast<const uint4*>(x_lane + next_k);
-    if (next_k + kTileK <= p.K) {
+  auto load_x = [&](XFragments& x, const uint16_t* lane_row, int k) {
+    const uint4* src = reinterpret_cast<const uint4*>(lane_row + k);
+    if (k + kTileK <= p.K) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) s.x[h][0] = __ldg(src + 8 * h), s.x[h][1] = __ldg(src + 8 * h + 1);
+      for (int h = 0; h < 2; ++h) x[h][0] = __ldg(src + 8 * h), x[h][1] = __ldg(src + 8 * h + 1);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const bool inside = next_k + h * 64 + 16 * t < p.K;  // K is a multiple of 16: 16 columns wholly in or out
-        s.x[h][0] = inside ? __ldg(src + 8 * h) : make_uint4(0, 0, 0, 0);
-        s.x[h][1] = inside ? __ldg(src + 8 * h + 1) : make_uint4(0, 0, 0, 0);
+        const bool inside = k + h * 64 + 16 * t < p.K;  // K is a multiple of 16: 16 columns wholly in or out
+        x[h][0] = inside ? __ldg(src + 8 * h) : make_uint4(0, 0, 0, 0);
+        x[h][1] = inside ? __ldg(src + 8 * h + 1) : make_uint4(0, 0, 0, 0);
       }
     }
+  };
+  int next_k = j_begin % p.k_tiles * kTileK;
+  auto load = [&](Stage& s) {
+    Format::load(s.w, next_record, v);
+    load_x(s.x, x_lane, next_k);
     next_record += Format::kChunkBytes;
     next_k += kTileK;
     if (next_k == k_end) next_k = 0;
@@ -384,34 +398,42 @@ __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(c
     if (s < count) load(ring[s]);
 
   constexpr int kChains = Mma::kGemvChains;  // column half h accumulates into chain h % kChains
-  float acc[kChains][Mma::kGemvAcc];
+  float acc[kXBlocks][kChains][Mma::kGemvAcc];
 #pragma unroll
-  for (int c = 0; c < kChains; ++c)
+  for (int xb = 0; xb < kXBlocks; ++xb)
 #pragma unroll
-    for (int i = 0; i < Mma::kGemvAcc; ++i) acc[c][i] = 0.f;
+    for (int c = 0; c < kChains; ++c)
+#pragma unroll
+      for (int i = 0; i < Mma::kGemvAcc; ++i) acc[xb][c][i] = 0.f;
 
   int kt = j_begin % p.k_tiles, strip = j_begin / p.k_tiles, piece_begin_kt = kt;
   // At the end of a strip or of the block's range: store the strip's sums, or publish them as a piece.
   auto finish_strip = [&]() {
-    float sum[Mma::kGemvAcc];
+    float sum[kXBlocks][Mma::kGemvAcc];
 #pragma unroll
-    for (int i = 0; i < Mma::kGemvAcc; ++i) {
-      sum[i] = acc[0][i];
+    for (int xb = 0; xb < kXBlocks; ++xb) {
 #pragma unroll
-      for (int c = 1; c < kChains; ++c) sum[i] += acc[c][i];
+      for (int i = 0; i < Mma::kGemvAcc; ++i) {
+        sum[xb][i] = acc[xb][0][i];
 #pragma unroll
-      for (int c = 0; c < kChains; ++c) acc[c][i] = 0.f;
+        for (int c = 1; c < kChains; ++c) sum[xb][i] += acc[xb][c][i];
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) acc[xb][c][i] = 0.f;
+      }
+      Mma::gemv_reduce(sum[xb]);
     }
-    Mma::gemv_reduce(sum);
     const bool writer = Mma::gemv_writes(lane);
     const int n_base = strip * kTileN + warp * 16;
     if (piece_begin_kt == 0 && kt + 1 == p.k_tiles) {  // the whole strip: no other piece
 #pragma unroll
-      for (int i = 0; i < Mma::kGemvAcc; ++i) {
-        int row, m;
-        Mma::gemv_coord(lane, i, row, m);
-        if (writer && m < M && n_base + row < p.N) store_one(p, m, n_base + row, sum[i]);
-      }
+      for (int xb = 0; xb < kXBlocks; ++xb)
+#pragma unroll
+        for (int i = 0; i < Mma::kGemvAcc; ++i) {
+          int row, m;
+          Mma::gemv_coord(lane, i, row, m);
+          m += 8 * xb;
+          if (writer && m < M && n_base + row < p.N) store_one(p, m, n_base + row, sum[xb][i]);
+        }
       return;
     }
     // Partial slot: 0 = this block's first strip, 1 = its last one (the strips between are whole).
@@ -420,11 +442,14 @@ __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(c
       return p.partials + ((int64_t(block) * 2 + s) * M + m) * kTileN + warp * 16 + row;
     };
 #pragma unroll
-    for (int i = 0; i < Mma::kGemvAcc; ++i) {
-      int row, m;
-      Mma::gemv_coord(lane, i, row, m);
-      if (writer && m < M) *partial(blockIdx.x, side, m, row) = sum[i];
-    }
+    for (int xb = 0; xb < kXBlocks; ++xb)
+#pragma unroll
+      for (int i = 0; i < Mma::kGemvAcc; ++i) {
+        int row, m;
+        Mma::gemv_coord(lane, i, row, m);
+        m += 8 * xb;
+        if (writer && m < M) *partial(blockIdx.x, side, m, row) = sum[xb][i];
+      }
     __threadfence();
     __syncthreads();
     const int first_block = strip * p.k_tiles / per, last_block = ((strip + 1) * p.k_tiles - 1) / per;
@@ -438,15 +463,18 @@ __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(c
     if (!arrived_last) return;
     __threadfence();
 #pragma unroll
-    for (int i = 0; i < Mma::kGemvAcc; ++i) {
-      int row, m;
-      Mma::gemv_coord(lane, i, row, m);
-      if (!writer || m >= M || n_base + row >= p.N) continue;
-      float total = 0.f;
-      for (int b = first_block; b <= last_block; ++b)  // a block that starts before this strip ends in it
-        total += __ldcg(partial(b, b * per < strip * p.k_tiles ? 1 : 0, m, row));
-      store_one(p, m, n_base + row, total);
-    }
+    for (int xb = 0; xb < kXBlocks; ++xb)
+#pragma unroll
+      for (int i = 0; i < Mma::kGemvAcc; ++i) {
+        int row, m;
+        Mma::gemv_coord(lane, i, row, m);
+        m += 8 * xb;
+        if (!writer || m >= M || n_base + row >= p.N) continue;
+        float total = 0.f;
+        for (int b = first_block; b <= last_block; ++b)  // a block that starts before this strip ends in it
+          total += __ldcg(partial(b, b * per < strip * p.k_tiles ? 1 : 0, m, row));
+        store_one(p, m, n_base + row, total);
+      }
   };
 
   for (int i0 = 0; i0 < count; i0 += kRing) {
@@ -455,14 +483,18 @@ __global__ void __launch_bounds__(kThreads, kGemvMinBlocks) weight_gemv_kernel(c
       const int i = i0 + s;
       if (i >= count) break;
       const typename Format::Scales sc = Format::scales(ring[s].w);
+      XFragments x_high;  // x rows 8-15 of this tile (M > 8)
+      if (kXBlocks > 1) load_x(x_high, x_lane_high, kt * kTileK);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t* xw = reinterpret_cast<const uint32_t*>(ring[s].x[h]);
+        const uint32_t* xw[2] = {reinterpret_cast<const uint32_t*>(ring[s].x[h]),
+                                 reinterpret_cast<const uint32_t*>(x_high[h])};
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
           uint32_t a[4];
           Format::decode(ring[s].w, sc, h, b, a);
-          Mma::gemv_mma(acc[h % kChains], a, xw[2 * b], xw[2 * b + 1]);
+#pragma unroll
+          for (int xb = 0; xb < kXBlocks; ++xb) Mma::gemv_mma(acc[xb][h % kChains], a, xw[xb][2 * b], xw[xb][2 * b + 1]);
         }
       }
       // Refill this slot only now: it needs no second register set, and kRing - 1 tiles stay in flight meanwhile.

@@ -18,8 +18,9 @@ constexpr int kMaxSplitMTiles = 8;       // split-K semaphores per row strip (se
 // Dynamic shared memory of weight_gemm_kernel<…, BM>: two buffers of BM x rows and 64 w rows.
 VOLTA_FP4_HOST_DEVICE constexpr int fused_smem_bytes(int bm) { return 2 * (bm + kTileN) * kSmemRowHalves * 2; }
 
-constexpr int kGemvMaxM = 8;
-constexpr int kGemvMinBlocks = 4;      // __launch_bounds__: ≤ 128 registers, 16 warps per SM at least
+constexpr int kGemvMaxM = 16;
+constexpr int kGemvMinBlocks = 4;      // __launch_bounds__ for M ≤ 8: ≤ 128 registers, 16 warps per SM at least
+constexpr int kGemvMinBlocksWide = 3;  // M = 9-16: a second accumulator set, ≤ 168 registers, 12 warps per SM
 constexpr int kGemvMinTilesPerBlock = 2;
 
 // Bytes of one (64-row strip, 128-column k-tile) chunk of prepared weights, and the power of two the decode
