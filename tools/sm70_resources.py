@@ -67,7 +67,8 @@ def unit_of_work(name: str) -> str:
         bm = numbers[-1]
         return f"{4 * bm // 16 * GEMM_STAGE_K // 4} per {bm}×64 output tile per 128-deep K stage (4 warps × BM/16 × 32)"
     if "weight_gemv_kernel" in name:
-        return "64 per 64×128 weight tile, any M ≤ 8, twice that for M = 9-16 (one m8n8k4 = 8 weight rows × 16 k × 8 x rows)"
+        x_blocks = (numbers[-1] + 7) // 8  # one m8n8k4 per 8 x rows
+        return f"{64 * x_blocks} per 64×128 weight tile (one m8n8k4 = 8 weight rows × 16 k × 8 x rows)"
     if "paged_attention_kernel" in name:
         d, rows = numbers[-2:]
         if rows == 16:  # decode blocks: warp w takes 16 keys of S and a quarter of the head dims of O
@@ -95,8 +96,9 @@ def resource_rows(reports: list[sm70_check.KernelReport]) -> list[str]:
 
 
 def linear_calls(shape) -> list[Call]:
-    """GEMV (M = 1, 8) and fused GEMM (M = 16, 64, 2048) on the decoder's fused NVFP4 layers; weights read once per
-    BM-row strip of M (an L2-miss bound: V100 has 6 MB of L2)."""
+    """GEMV (M = 1, 8, 16: one m8n8k4 per 8 x rows and 128 weights) and fused GEMM (M = 64, 2048) on the decoder's
+    fused NVFP4 layers; the GEMM reads the weights once per BM-row strip of M (an L2-miss bound: V100 has 6 MB of
+    L2)."""
     served = v100.served_linears(shape)
     layers = {**{f"attention {k}": v for k, v in served["full"].items() if k in ("qkv_proj", "o_proj")},
               **{f"GDN {k}": v for k, v in served["linear"].items() if k in ("in_proj_qkvz", "out_proj")},
@@ -104,9 +106,10 @@ def linear_calls(shape) -> list[Call]:
     calls = []
     for label, (n, k) in layers.items():
         weights = n * k * NVFP4_BYTES_PER_WEIGHT
-        for m in (1, 8):
-            calls.append(Call(f"weight_gemv M={m}, {label} {n}×{k}", weights + FP16 * m * (n + k), n * k / 128))
-        for m, bm in ((16, 16), (64, 64), (2048, 64)):
+        for m in (1, 8, 16):
+            calls.append(Call(f"weight_gemv M={m}, {label} {n}×{k}", weights + FP16 * m * (n + k),
+                              math.ceil(m / 8) * n * k / 128))
+        for m, bm in ((64, 64), (2048, 64)):
             strips = math.ceil(m / bm)
             mma = strips * bm * math.ceil(n / GEMM_TILE_N) * GEMM_TILE_N * k / v100.MMA_M8N8K4_MACS
             calls.append(Call(f"weight_gemm BM={bm} M={m}, {label} {n}×{k}", strips * weights + FP16 * m * (n + k),
