@@ -191,7 +191,9 @@ Tensor weight_gemm(Tensor x_in, Tensor weight_tiles, Tensor row_scale, Tensor sp
 
   const Path chosen = choose_path(m, path);
   STD_TORCH_CHECK(chosen != Path::kAuto,
-                  "path must be 0 (auto), 1 (fused), 2 (dequantize + cuBLAS) or 3 (GEMV, M <= " + str(kGemvMaxM) + "), got ", str(path));
+                  "path must be 0 (auto), 1 (fused), 2 (dequantize + cuBLAS) or 3 (GEMV, M <= " + str(kGemvMaxM) +
+                      "), got ",
+                  str(path));
   if (chosen == Path::kDequantCublas) {
     dequantize_then_cublas(p, n_tiles, kNvfp4, x, y, bias);
   } else if (chosen == Path::kGemv) {

@@ -494,7 +494,8 @@ __global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMi
           uint32_t a[4];
           Format::decode(ring[s].w, sc, h, b, a);
 #pragma unroll
-          for (int xb = 0; xb < kXBlocks; ++xb) Mma::gemv_mma(acc[xb][h % kChains], a, xw[xb][2 * b], xw[xb][2 * b + 1]);
+          for (int xb = 0; xb < kXBlocks; ++xb)
+            Mma::gemv_mma(acc[xb][h % kChains], a, xw[xb][2 * b], xw[xb][2 * b + 1]);
         }
       }
       // Refill this slot only now: it needs no second register set, and kRing - 1 tiles stay in flight meanwhile.

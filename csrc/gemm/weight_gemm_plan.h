@@ -23,9 +23,9 @@ enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3
 //
 // Largest M that `auto` sends to the GEMV (weight_gemv_kernel; 0 disables it, values above kGemvMaxM are clamped).
 // The GEMV decodes each weight once into MMA fragments and the tensor cores apply it to all M ≤ 8 rows (M = 9-16: one
-// more MMA per decoded fragment), so its cost per weight hardly grows with M (NVFP4 decode: 11 integer + 4 fp16 multiplies per 8 weights; mma.sync: 1
-// m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on sm_70, so ≈ 3.5 issue slots per weight on a
-// V100 with loads and loop, against 10.1 available at full bandwidth). It reads the same bytes as the fused kernel
+// more MMA per decoded fragment), so its cost per weight hardly grows with M (NVFP4 decode: 11 integer + 4 fp16
+// multiplies per 8 weights; mma.sync: 1 m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on
+// sm_70, so ≈ 3.5 issue slots per weight on a V100 with loads and loop, against 10.1 available at full bandwidth). It reads the same bytes as the fused kernel
 // without the shared-memory round trip, so it is taken for every M it supports.
 //
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200

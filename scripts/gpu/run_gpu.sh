@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call (carry ["dist"]: bash tools/build_wheel.sh here): the wheel's extension, the GPU tests, the benchmark.
-# Logs and the table go to $OUT (the device tool brings them back). Usage: [TESTS="tests/gpu/test_weight_gemm.py"] scripts/gpu/run_gpu.sh [quick] [notests]
+# Logs and the table go to $OUT (the device tool brings them back).
+# Usage: [TESTS="tests/gpu/test_weight_gemm.py"] scripts/gpu/run_gpu.sh [quick] [notests]
 # (TESTS: the pytest paths, default tests/gpu)
 set -uo pipefail
 source scripts/gpu/gpu_build.sh
