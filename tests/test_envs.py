@@ -13,6 +13,7 @@ from vllm_volta_fp4 import envs
 
 READERS = {envs.ATTENTION: envs.attention_choice, envs.GDN: envs.gdn_choice, envs.MMA: envs.mma_atom,
            envs.GEMV_MAX_M: envs.gemv_max_m, envs.CUBLAS_MIN_M: envs.cublas_min_m,
+           envs.DEQUANT_CHUNK_MIB: envs.dequant_chunk_mib,
            envs.DRAFT_WEIGHTS: envs.draft_weights_format, envs.BUILD_EXT: envs.build_extension,
            envs.TORCH_INCLUDE: envs.torch_include}
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,8 @@ def test_an_unknown_value_names_the_variable_and_what_it_accepts(monkeypatch, va
     (envs.GDN, "yes", envs.VOLTA), (envs.GDN, "off", envs.OFF),
     (envs.MMA, None, 0), (envs.MMA, "SM70", 70), (envs.MMA, "sm80", 80), (envs.MMA, "auto", 0),
     (envs.GEMV_MAX_M, None, None), (envs.GEMV_MAX_M, "0", 0), (envs.GEMV_MAX_M, "4", 4),
-    (envs.CUBLAS_MIN_M, "129", 129), (envs.DRAFT_WEIGHTS, None, "fp8"), (envs.DRAFT_WEIGHTS, "Off", None),
+    (envs.CUBLAS_MIN_M, "129", 129), (envs.DEQUANT_CHUNK_MIB, None, None), (envs.DEQUANT_CHUNK_MIB, "24", 24),
+    (envs.DRAFT_WEIGHTS, None, "fp8"), (envs.DRAFT_WEIGHTS, "Off", None),
     (envs.DRAFT_WEIGHTS, "on", "fp8"), (envs.DRAFT_WEIGHTS, "NVFP4", "nvfp4"), (envs.DRAFT_WEIGHTS, "fp16", None),
     (envs.BUILD_EXT, "1", True), (envs.BUILD_EXT, "0", False),
     (envs.BUILD_EXT, None, False), (envs.TORCH_INCLUDE, None, None), (envs.TORCH_INCLUDE, "/", "/"),
@@ -49,7 +51,7 @@ def test_accepted_values(monkeypatch, variable, value, expected):
 
 
 @pytest.mark.parametrize("variable, value", [(envs.GEMV_MAX_M, "-1"), (envs.CUBLAS_MIN_M, "0"),
-                                             (envs.CUBLAS_MIN_M, "1.5")], ids=str)
+                                             (envs.CUBLAS_MIN_M, "1.5"), (envs.DEQUANT_CHUNK_MIB, "0")], ids=str)
 def test_counts_out_of_range_are_refused(monkeypatch, variable, value):
     monkeypatch.setenv(variable.name, value)
     with pytest.raises(ValueError, match=variable.name):

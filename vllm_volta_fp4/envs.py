@@ -32,6 +32,9 @@ GEMV_MAX_M = Variable("VLLM_VOLTA_FP4_GEMV_MAX_M", "an integer ≥ 0",
                       "largest M the GEMM's automatic choice sends to the GEMV (0: never; default and maximum 16)")
 CUBLAS_MIN_M = Variable("VLLM_VOLTA_FP4_CUBLAS_MIN_M", "an integer ≥ 1",
                         "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 65)")
+DEQUANT_CHUNK_MIB = Variable("VLLM_VOLTA_FP4_DEQUANT_CHUNK_MIB", "an integer ≥ 1",
+                             "fp16 scratch (MiB) of one chunk of weight rows that dequantize + cuBLAS dequantizes "
+                             "before its cuBLAS call (default 128)")
 DRAFT_FP8, DRAFT_NVFP4 = "fp8", "nvfp4"
 DRAFT_WEIGHTS = Variable("VLLM_VOLTA_FP4_DRAFT_WEIGHTS", "fp8 / 1 / on, nvfp4 or 0 / off / fp16",
                          "the format of the MTP drafter's 16-bit weights (its layers, quantized in place) and of the "
@@ -43,7 +46,8 @@ BUILD_EXT = Variable("VLLM_VOLTA_FP4_BUILD_EXT", "1 (build or fail) or 0",
 TORCH_INCLUDE = Variable("VLLM_VOLTA_FP4_TORCH_INCLUDE", "an existing directory",
                          "at build: torch >= 2.10's C++ headers for the extension's host code (unset: the build "
                          "environment's torch)")
-VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, DRAFT_WEIGHTS, BUILD_EXT, TORCH_INCLUDE)
+VARIABLES = (ATTENTION, GDN, MMA, GEMV_MAX_M, CUBLAS_MIN_M, DEQUANT_CHUNK_MIB, DRAFT_WEIGHTS, BUILD_EXT,
+             TORCH_INCLUDE)
 
 
 def _raw(variable: Variable) -> str | None:
@@ -104,6 +108,11 @@ def gemv_max_m() -> int | None:
 def cublas_min_m() -> int | None:
     """The dequantize + cuBLAS cut-over, or None for the extension's default."""
     return _count(CUBLAS_MIN_M, 1)
+
+
+def dequant_chunk_mib() -> int | None:
+    """The dequantize + cuBLAS chunk in MiB, or None for the extension's default."""
+    return _count(DEQUANT_CHUNK_MIB, 1)
 
 
 def draft_weights_format() -> str | None:

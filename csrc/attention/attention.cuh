@@ -397,28 +397,56 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     }
 }
 
-// Merges the splits of one (token, head): weights 2^(lse_s − max lse); a split that saw no key has lse −inf.
-// Grid (num_tokens, num_heads), HeadDim / 2 threads, two dims each.
+// Merges the splits of one (token, head): weights 2^(lse_s − max lse); a split that saw no key has lse −inf and
+// weight 0. Grid (num_tokens, num_heads), HeadDim / 2 threads, two dims each. A decode launch of a CUDA graph carries
+// the split count for max_model_len (up to kMaxSplits), most of the splits empty at short contexts, so the kernel
+// avoids a chain of loads per split: all lse values are read in one round (thread t: splits t, t + HeadDim / 2, …)
+// before anything else, and the partial outputs in unrolled groups whose loads do not wait on each other (an empty
+// split's never-written partial is read and selected away: the buffer holds every split).
 template <int HeadDim>
 __global__ void __launch_bounds__(HeadDim / 2) combine_splits_kernel(const PagedAttentionParams p) {
-  const int token = blockIdx.x, head = blockIdx.y, dim = threadIdx.x * 2;
+  constexpr int kThreads = HeadDim / 2, kCombineWarps = kThreads / 32;
+  constexpr int kLsePerThread = (kMaxSplits + kThreads - 1) / kThreads;
+  __shared__ float split_weight[kMaxSplits];
+  __shared__ float warp_max[kCombineWarps];
+  const int token = blockIdx.x, head = blockIdx.y, tid = threadIdx.x, dim = tid * 2;
+  const int64_t stride = int64_t(p.num_tokens) * p.num_heads, first = int64_t(token) * p.num_heads + head;
+  float lse[kLsePerThread];
+  float max_lse = negative_infinity();
+#pragma unroll
+  for (int i = 0; i < kLsePerThread; ++i) {
+    const int s = tid + i * kThreads;
+    lse[i] = s < p.splits ? p.partial_lse[first + s * stride] : negative_infinity();
+    max_lse = fmaxf(max_lse, lse[i]);
+  }
   if (token >= p.query_start_loc[p.num_seqs]) {  // padding: no split wrote its partials
     *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) = 0u;
     return;
   }
-  const int64_t stride = int64_t(p.num_tokens) * p.num_heads, first = int64_t(token) * p.num_heads + head;
-  float max_lse = negative_infinity();
-  for (int s = 0; s < p.splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[first + s * stride]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    max_lse = fmaxf(max_lse, __shfl_xor_sync(0xFFFFFFFFu, max_lse, offset));
+  if ((tid & 31) == 0) warp_max[tid >> 5] = max_lse;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) max_lse = fmaxf(max_lse, warp_max[w]);
+#pragma unroll
+  for (int i = 0; i < kLsePerThread; ++i) {
+    const int s = tid + i * kThreads;
+    if (s < p.splits) split_weight[s] = lse[i] == negative_infinity() ? 0.f : exp2f(lse[i] - max_lse);
+  }
+  __syncthreads();
   float2 sum = make_float2(0.f, 0.f);
   float weight_sum = 0.f;
+#pragma unroll 8
   for (int s = 0; s < p.splits; ++s) {
-    const float lse = p.partial_lse[first + s * stride];
-    if (lse == negative_infinity()) continue;  // its partial output was never written
-    const float weight = exp2f(lse - max_lse);
+    const float weight = split_weight[s];
     const float2 v = *reinterpret_cast<const float2*>(p.partial_out + (first + s * stride) * HeadDim + dim);
-    sum.x += weight * v.x;
-    sum.y += weight * v.y;
-    weight_sum += weight;
+    if (weight > 0.f) {
+      sum.x += weight * v.x;
+      sum.y += weight * v.y;
+      weight_sum += weight;
+    }
   }
   const float inverse = weight_sum > 0.f ? 1.f / weight_sum : 0.f;
   *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) =

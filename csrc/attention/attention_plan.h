@@ -14,8 +14,6 @@
 namespace volta_fp4 {
 namespace attention {
 
-constexpr int64_t kMinTilesPerSplit = 2;  // a split of one 64-key tile would spend more merging than it saves
-
 inline bool supported_head_size(int64_t head_size) { return head_size == 64 || head_size == 128 || head_size == 256; }
 
 // Decode blocks (kDecodeRows) when the batch has at most 2 · kDecodeRows rows (tokens × group) per sequence on
@@ -44,7 +42,8 @@ inline int64_t busy_row_tiles(int64_t num_tokens, int64_t group, int64_t num_seq
 }
 
 // KV splits per row tile: `requested` if > 0, else as many as the kernel's resident block slots (`slots`: SMs ×
-// blocks per SM) hold in one wave beside the busy blocks, never below kMinTilesPerSplit KV tiles per split. One wave:
+// blocks per SM) hold in one wave beside the busy blocks, down to one KV tile per split (the combine reads all
+// splits in one round, so a split of one tile costs less than the second tile it takes off the chain). One wave:
 // a partial second wave costs more than the split saves. The slots, not a fixed blocks-per-SM, because head_dim 64
 // fits twice the blocks of 128 and 256 (H200 sweep, 2026-12-03: the fastest forced count filled 2 blocks per SM at
 // head_dim 128/256 and 4 at 64, every batch 4-64). The count depends on the launch shape and max_seq_len only (host
@@ -54,8 +53,7 @@ inline int choose_splits(int64_t requested, int64_t busy_tiles, int64_t num_kv_h
   const int64_t max_kv_tiles = std::max<int64_t>(1, (max_seq_len + kTileKeys - 1) / kTileKeys);
   int64_t splits = requested;
   if (splits <= 0) {
-    splits = std::min(slots / std::max<int64_t>(1, busy_tiles * num_kv_heads),
-                      (max_kv_tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
+    splits = std::min(slots / std::max<int64_t>(1, busy_tiles * num_kv_heads), max_kv_tiles);
   }
   return int(std::max<int64_t>(1, std::min<int64_t>({splits, max_kv_tiles, kMaxSplits})));
 }

@@ -122,7 +122,7 @@ void dequantize_then_cublas(GemmParams p, int64_t n_tiles, bool nvfp4, const Ten
                             const std::optional<Tensor>& bias) {
   const int device = x.get_device_index();
   const LoadedKernel& k = loaded_kernel(device, dequantize_kernel_name(nvfp4), kThreads, 0);
-  const int64_t rows_per_chunk = dequant_rows_per_chunk(p.K);
+  const int64_t rows_per_chunk = dequant_rows_per_chunk(p.N, p.K, dequant_chunk_bytes());
   const Tensor w = torch::stable::new_empty(x, {std::min<int64_t>(rows_per_chunk, n_tiles * kTileN), p.K});
   for (int64_t row = 0; row < p.N; row += rows_per_chunk) {
     const int64_t rows = std::min<int64_t>(rows_per_chunk, p.N - row);
@@ -207,7 +207,7 @@ Tensor weight_gemm(Tensor x_in, Tensor weight_tiles, Tensor row_scale, Tensor sp
 }  // namespace
 
 STABLE_TORCH_LIBRARY(volta_fp4, m) {
-  m.def("set_gemm_cutovers(int gemv_max_m, int cublas_min_m) -> ()");
+  m.def("configure_gemm(int gemv_max_m, int cublas_min_m, int dequant_chunk_mib) -> ()");
   m.def("prepare_nvfp4(Tensor packed, Tensor block_scale, Tensor global_scale) -> (Tensor, Tensor, Tensor)");
   m.def("prepare_fp8(Tensor weight, Tensor scale) -> (Tensor, Tensor, Tensor)");
   // split_k_counters is scratch that every call leaves all-zero, as prepare_* made it.
@@ -218,7 +218,7 @@ STABLE_TORCH_LIBRARY(volta_fp4, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(volta_fp4, CompositeExplicitAutograd, m) {
-  m.impl("set_gemm_cutovers", TORCH_BOX(&set_gemm_cutovers));
+  m.impl("configure_gemm", TORCH_BOX(&configure_gemm));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(volta_fp4, CUDA, m) {

@@ -17,9 +17,9 @@ namespace volta_fp4 {
 
 enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3 };
 
-// The M cut-overs of `auto`. Python sets them once when it loads the ops (set_gemm_cutovers, from
-// VLLM_VOLTA_FP4_GEMV_MAX_M / VLLM_VOLTA_FP4_CUBLAS_MIN_M, read by vllm_volta_fp4/envs.py); a negative value keeps
-// the default.
+// The M cut-overs of `auto` and the dequantize + cuBLAS chunk. Python sets them once when it loads the ops
+// (configure_gemm, from VLLM_VOLTA_FP4_GEMV_MAX_M / VLLM_VOLTA_FP4_CUBLAS_MIN_M / VLLM_VOLTA_FP4_DEQUANT_CHUNK_MIB,
+// read by vllm_volta_fp4/envs.py); a value below the smallest allowed keeps the default.
 //
 // Largest M that `auto` sends to the GEMV (weight_gemv_kernel; 0 disables it, values above kGemvMaxM are clamped).
 // The GEMV decodes each weight once into MMA fragments and the tensor cores apply it to all M ≤ 8 rows (M = 9-16: one
@@ -33,19 +33,21 @@ enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3
 // dequantize + cuBLAS wins from M = 128 (measure on a V100 before moving it).
 constexpr int64_t kDefaultCublasMinM = 65;
 
-struct GemmCutovers {
+struct GemmSettings {
   int64_t gemv_max_m = kGemvMaxM;
   int64_t cublas_min_m = kDefaultCublasMinM;
+  int64_t dequant_chunk_bytes = 0;  // 0: the default (dequant_chunk_bytes below)
 };
 
-inline GemmCutovers& gemm_cutovers() {
-  static GemmCutovers cutovers;
-  return cutovers;
+inline GemmSettings& gemm_settings() {
+  static GemmSettings settings;
+  return settings;
 }
 
-inline void set_gemm_cutovers(int64_t gemv_max, int64_t cublas_min) {
-  gemm_cutovers().gemv_max_m = gemv_max < 0 ? kGemvMaxM : std::min<int64_t>(gemv_max, kGemvMaxM);
-  gemm_cutovers().cublas_min_m = cublas_min < 1 ? kDefaultCublasMinM : cublas_min;
+inline void configure_gemm(int64_t gemv_max, int64_t cublas_min, int64_t dequant_chunk_mib) {
+  gemm_settings().gemv_max_m = gemv_max < 0 ? kGemvMaxM : std::min<int64_t>(gemv_max, kGemvMaxM);
+  gemm_settings().cublas_min_m = cublas_min < 1 ? kDefaultCublasMinM : cublas_min;
+  gemm_settings().dequant_chunk_bytes = dequant_chunk_mib < 1 ? 0 : dequant_chunk_mib << 20;
 }
 
 // The path `path` (an op argument) means for M rows; kAuto when `path` is not one of the four values.
@@ -55,8 +57,8 @@ inline Path choose_path(int64_t m, int64_t path) {
                        path == int64_t(Path::kGemv);
     return known ? Path(path) : Path::kAuto;
   }
-  return m <= gemm_cutovers().gemv_max_m ? Path::kGemv
-         : m >= gemm_cutovers().cublas_min_m ? Path::kDequantCublas
+  return m <= gemm_settings().gemv_max_m ? Path::kGemv
+         : m >= gemm_settings().cublas_min_m ? Path::kDequantCublas
                                               : Path::kFused;
 }
 
@@ -95,10 +97,21 @@ inline int64_t plan_gemv(GemmParams& p, int64_t n_tiles, int64_t slots) {
 }
 inline bool gemv_needs_partials(const GemmParams& p) { return p.tiles_per_block % p.k_tiles != 0; }
 
-// Dequantize + cuBLAS: weight rows dequantized per cuBLAS call (fp16 scratch of kDequantChunkElements: 64 MiB).
-constexpr int64_t kDequantChunkElements = int64_t(32) << 20;
-inline int64_t dequant_rows_per_chunk(int64_t k) {
-  return std::max<int64_t>(kTileN, kDequantChunkElements / k / kTileN * kTileN);
+// Dequantize + cuBLAS: the fp16 scratch that one chunk of weight rows is dequantized into before its cuBLAS call
+// (VLLM_VOLTA_FP4_DEQUANT_CHUNK_MIB, default 128 MiB). Measured on the H200 (benchmarks/bench_dequant_chunk.py,
+// docs/gemm.md): chunks that stay in L2 (2-30 MiB of its 60) are slower, not faster, at every M = 128-8192 — cuBLAS
+// on a few hundred rows runs far below its rate — and 96-256 MiB beat 32-64 at M ≥ 512 on most shapes (fewer,
+// larger cuBLAS calls); 128 MiB takes the 27B's largest weight (gate_up, 356 MB in fp16) in 3 chunks.
+constexpr int64_t kDefaultDequantChunkBytes = int64_t(128) << 20;
+inline int64_t dequant_chunk_bytes() {
+  return gemm_settings().dequant_chunk_bytes > 0 ? gemm_settings().dequant_chunk_bytes : kDefaultDequantChunkBytes;
+}
+// Rows per chunk: the fewest chunks of at most chunk_bytes, cut into equal shares of whole 64-row tiles (no small
+// last chunk), at least one tile.
+inline int64_t dequant_rows_per_chunk(int64_t n, int64_t k, int64_t chunk_bytes) {
+  const int64_t tiles = (n + kTileN - 1) / kTileN, max_tiles = std::max<int64_t>(1, chunk_bytes / (2 * k) / kTileN);
+  const int64_t chunks = (tiles + max_tiles - 1) / max_tiles;
+  return (tiles + chunks - 1) / chunks * kTileN;
 }
 
 // ─── Kernel names (the NVRTC name expressions of the instantiations the ops launch) ──────────────────────────

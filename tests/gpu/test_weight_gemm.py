@@ -147,6 +147,26 @@ def test_nvfp4_other_paths(nvfp4_weights, shape, m, path, device):
              None, path, device)
 
 
+@pytest.fixture
+def one_mib_dequant_chunks():
+    """Dequantize + cuBLAS in chunks of at most 1 MiB of fp16 (the default, 128 MiB, is one chunk for most tests)."""
+    torch.ops.volta_fp4.configure_gemm(-1, -1, 1)
+    yield
+    linear.configure_from_environment()
+
+
+@pytest.mark.parametrize("shape", [(1040, 5136), (4816, 2064)], ids=lambda s: f"N{s[0]}xK{s[1]}")
+@pytest.mark.parametrize("m", [17, 300])
+def test_dequant_cublas_in_small_chunks(one_mib_dequant_chunks, shape, m, device):
+    """Many equal chunks of whole 64-row tiles (1040 × 5136: 17 of one tile, the last of 16 rows; 4816 × 2064: 26
+    of three tiles, the last of 16 rows), each with its slice of the bias."""
+    n, k = shape
+    q = quantize_nvfp4(torch.randn(n, k, device=device))
+    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale)
+    run_case(prepared, linear.nvfp4_linear, m, n, k, dequantize_nvfp4(q.packed, q.block_scale, q.global_scale), True,
+             None, linear.PATH_DEQUANT_CUBLAS, device)
+
+
 @pytest.mark.parametrize("shape", [(5120, 6144), (208, 400), (1040, 5136)], ids=lambda s: f"N{s[0]}xK{s[1]}")
 @pytest.mark.parametrize(
     "path, m",

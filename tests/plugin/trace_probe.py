@@ -39,7 +39,8 @@ def stand_in_for_the_extension() -> torch.library.Library:
     for schema in extension_schemas():
         library.define(schema)
     # The one op the plugin calls eagerly while loading (the GEMM cut-overs); the rest only ever see fakes here.
-    library.impl("set_gemm_cutovers", lambda gemv_max_m, cublas_min_m: None, "CompositeExplicitAutograd")
+    library.impl("configure_gemm", lambda gemv_max_m, cublas_min_m, dequant_chunk_mib: None,
+                 "CompositeExplicitAutograd")
     sys.modules["vllm_volta_fp4._C"] = types.ModuleType("vllm_volta_fp4._C")
     return library
 

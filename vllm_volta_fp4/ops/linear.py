@@ -78,12 +78,14 @@ def fp8_linear(x: torch.Tensor, prepared: dict[str, torch.Tensor], bias: torch.T
     return _linear(torch.ops.volta_fp4.fp8_gemm, x, prepared, bias, mma, path)
 
 
+def configure_from_environment() -> None:
+    """The cut-overs of PATH_AUTO and the dequantize + cuBLAS chunk, from the environment (at import)."""
+    settings = (envs.gemv_max_m(), envs.cublas_min_m(), envs.dequant_chunk_mib())
+    torch.ops.volta_fp4.configure_gemm(*(-1 if value is None else value for value in settings))  # -1: the default
+
+
 def _on_load() -> None:
-    """Once, at import: the cut-overs of PATH_AUTO from the environment, and the fakes."""
-    unset = -1  # the extension keeps its default
-    gemv_max_m, cublas_min_m = envs.gemv_max_m(), envs.cublas_min_m()
-    torch.ops.volta_fp4.set_gemm_cutovers(unset if gemv_max_m is None else gemv_max_m,
-                                          unset if cublas_min_m is None else cublas_min_m)
+    configure_from_environment()
     _register_fakes()
 
 
