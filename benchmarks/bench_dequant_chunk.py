@@ -9,12 +9,10 @@ on the Qwen3.8-27B shapes at the M that path serves; one run on one GPU, timed a
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
-from bench_gemm import ROTATION_BYTES, SHAPES, git_commit, time_graph
+from bench_gemm import SHAPES, calls_per_graph, git_commit, rotated_inputs, rotated_weights, time_graph
 
-from vllm_volta_fp4.format.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from vllm_volta_fp4.ops import linear
 
 M_VALUES = [128, 256, 512, 1024, 2048, 4096, 8192]
@@ -22,18 +20,13 @@ M_VALUES = [128, 256, 512, 1024, 2048, 4096, 8192]
 
 def bench_shape(name: str, n: int, k: int, chunk_mib: list[int]) -> list[str]:
     device = torch.device("cuda")
-    q = quantize_nvfp4(torch.randn(n, k, device=device) * 0.02)
-    prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale.expand(n).contiguous())
-    w16 = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale, torch.float16)
-    nvfp4_copies = max(2, math.ceil(ROTATION_BYTES / (n * k // 2 + n * k // 16)))
-    fp16_copies = max(2, math.ceil(ROTATION_BYTES / w16.numel() / 2))
-    prepared_copies = [prepared] + [{key: t.clone() for key, t in prepared.items()} for _ in range(nvfp4_copies - 1)]
-    w16_copies = [w16] + [w16.clone() for _ in range(fp16_copies - 1)]
+    w16, _, prepared_copies, w16_copies = rotated_weights(n, k, device)
+    nvfp4_copies, fp16_copies = len(prepared_copies), len(w16_copies)
     lines = []
     for m in M_VALUES:
-        inputs = [torch.randn(m, k, device=device).half() for _ in range(max(2, min(8, ROTATION_BYTES // (m * k * 2))))]
+        inputs = rotated_inputs(m, k, device)
         reference = inputs[0].float() @ w16.float().T
-        calls = 20 if m <= 256 else 3
+        calls = calls_per_graph(m)
 
         def cublas_fp16(i, inputs=inputs):
             return torch.nn.functional.linear(inputs[i % len(inputs)], w16_copies[i % fp16_copies])
@@ -46,7 +39,6 @@ def bench_shape(name: str, n: int, k: int, chunk_mib: list[int]) -> list[str]:
         cells = []
         for mib in chunk_mib:
             torch.ops.volta_fp4.configure_gemm(-1, -1, mib if mib > 0 else -1)
-
             error = ((step(0).float() - reference).norm() / reference.norm()).item()
             if not error < 2e-3:
                 raise AssertionError(f"{name} M={m} chunk {mib} MiB: relative error {error:.2e}")

@@ -81,8 +81,9 @@ def git_commit() -> str:
         return "uncommitted (no git history)"
 
 
-def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float) -> list[dict]:
-    device = torch.device("cuda")
+def rotated_weights(n: int, k: int, device: torch.device):
+    """A random NVFP4 weight: (its fp16 dequantization, packed bytes, prepared copies, fp16 copies), each list of
+    copies large enough together to rotate beyond L2."""
     q = quantize_nvfp4(torch.randn(n, k, device=device) * 0.02)
     prepared = linear.prepare_nvfp4(q.packed, q.block_scale, q.global_scale.expand(n).contiguous())
     w16 = dequantize_nvfp4(q.packed, q.block_scale, q.global_scale, torch.float16)
@@ -90,12 +91,26 @@ def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float
     nvfp4_copies = max(2, math.ceil(ROTATION_BYTES / packed_bytes))
     fp16_copies = max(2, math.ceil(ROTATION_BYTES / w16.numel() / 2))
     prepared_copies = [prepared] + [{key: t.clone() for key, t in prepared.items()} for _ in range(nvfp4_copies - 1)]
-    w16_copies = [w16] + [w16.clone() for _ in range(fp16_copies - 1)]
+    return w16, packed_bytes, prepared_copies, [w16] + [w16.clone() for _ in range(fp16_copies - 1)]
+
+
+def rotated_inputs(m: int, k: int, device: torch.device) -> list[torch.Tensor]:
+    return [torch.randn(m, k, device=device).half() for _ in range(max(2, min(8, ROTATION_BYTES // (m * k * 2))))]
+
+
+def calls_per_graph(m: int) -> int:
+    return 20 if m <= 256 else 3
+
+
+def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float) -> list[dict]:
+    device = torch.device("cuda")
+    w16, packed_bytes, prepared_copies, w16_copies = rotated_weights(n, k, device)
+    nvfp4_copies, fp16_copies = len(prepared_copies), len(w16_copies)
     rows = []
     for m in m_values:
-        inputs = [torch.randn(m, k, device=device).half() for _ in range(max(2, min(8, ROTATION_BYTES // (m * k * 2))))]
+        inputs = rotated_inputs(m, k, device)
         reference = inputs[0].float() @ w16.float().T
-        calls = 20 if m <= 256 else 3
+        calls = calls_per_graph(m)
         def nvfp4(path, mma=None, inputs=inputs):
             return lambda i: linear.nvfp4_linear(inputs[i % len(inputs)], prepared_copies[i % nvfp4_copies], mma=mma,
                                                  path=path)
