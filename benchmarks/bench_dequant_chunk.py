@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from bench_gemm import SHAPES, calls_per_graph, git_commit, rotated_inputs, rotated_weights, time_graph
+from bench_gemm import SHAPES, git_commit, m_cases, parse_args, rotated_weights, time_graph
 
 from vllm_volta_fp4.ops import linear
 
@@ -23,10 +23,7 @@ def bench_shape(name: str, n: int, k: int, chunk_mib: list[int]) -> list[str]:
     w16, _, prepared_copies, w16_copies = rotated_weights(n, k, device)
     nvfp4_copies, fp16_copies = len(prepared_copies), len(w16_copies)
     lines = []
-    for m in M_VALUES:
-        inputs = rotated_inputs(m, k, device)
-        reference = inputs[0].float() @ w16.float().T
-        calls = calls_per_graph(m)
+    for m, inputs, reference, calls in m_cases(w16, M_VALUES):
 
         def cublas_fp16(i, inputs=inputs):
             return torch.nn.functional.linear(inputs[i % len(inputs)], w16_copies[i % fp16_copies])
@@ -52,13 +49,8 @@ def bench_shape(name: str, n: int, k: int, chunk_mib: list[int]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--mib", default="0,8,32,128", help="chunk sizes in MiB, comma-separated (0: default)")
-    parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse)")
-    args = parser.parse_args()
-    if not linear.is_available():
-        raise SystemExit("needs CUDA and the built vllm_volta_fp4._C")
-    torch.manual_seed(0)
+    args = parse_args(parser)
     chunk_mib = [int(v) for v in args.mib.split(",")]
     l2_mib = torch.cuda.get_device_properties(0).L2_cache_size / 2**20
     head = [f"# Dequantize + cuBLAS by fp16 chunk size — {torch.cuda.get_device_name()}", "",

@@ -94,12 +94,13 @@ def rotated_weights(n: int, k: int, device: torch.device):
     return w16, packed_bytes, prepared_copies, [w16] + [w16.clone() for _ in range(fp16_copies - 1)]
 
 
-def rotated_inputs(m: int, k: int, device: torch.device) -> list[torch.Tensor]:
-    return [torch.randn(m, k, device=device).half() for _ in range(max(2, min(8, ROTATION_BYTES // (m * k * 2))))]
-
-
-def calls_per_graph(m: int) -> int:
-    return 20 if m <= 256 else 3
+def m_cases(w16: torch.Tensor, m_values: list[int]):
+    """For each M: (M, inputs to rotate over, the first one's float32 reference output, calls per CUDA graph)."""
+    k = w16.shape[1]
+    for m in m_values:
+        inputs = [torch.randn(m, k, device=w16.device).half()
+                  for _ in range(max(2, min(8, ROTATION_BYTES // (m * k * 2))))]
+        yield m, inputs, inputs[0].float() @ w16.float().T, 20 if m <= 256 else 3
 
 
 def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float) -> list[dict]:
@@ -107,10 +108,7 @@ def bench_shape(name: str, n: int, k: int, m_values: list[int], copy_gbps: float
     w16, packed_bytes, prepared_copies, w16_copies = rotated_weights(n, k, device)
     nvfp4_copies, fp16_copies = len(prepared_copies), len(w16_copies)
     rows = []
-    for m in m_values:
-        inputs = rotated_inputs(m, k, device)
-        reference = inputs[0].float() @ w16.float().T
-        calls = calls_per_graph(m)
+    for m, inputs, reference, calls in m_cases(w16, m_values):
         def nvfp4(path, mma=None, inputs=inputs):
             return lambda i: linear.nvfp4_linear(inputs[i % len(inputs)], prepared_copies[i % nvfp4_copies], mma=mma,
                                                  path=path)
@@ -181,15 +179,21 @@ def markdown(rows: list[dict], copy_gbps: float, gpu: str, commit: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """A GEMM benchmark's arguments with --out and --commit added; stops without CUDA and the extension."""
     parser.add_argument("--out", help="write the markdown table here")
-    parser.add_argument("--quick", action="store_true", help="two shapes, fewer M")
     parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse)")
     args = parser.parse_args()
     if not linear.is_available():
         raise SystemExit("needs CUDA and the built vllm_volta_fp4._C")
     torch.manual_seed(0)
+    return args
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two shapes, fewer M")
+    args = parse_args(parser)
     copy_gbps = copy_bandwidth()
     print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
     shapes = SHAPES[:2] if args.quick else SHAPES
