@@ -118,12 +118,11 @@ void launch_gemv(GemmParams p, int64_t n_tiles, bool sm70, bool nvfp4, const Ten
 
 // Dequantize a chunk of weight rows into fp16 scratch, then cuBLAS through torch (aten::linear.out writes the
 // column slice y[:, row:row+rows], bias included).
-void dequantize_then_cublas(GemmParams p, int64_t n_tiles, bool nvfp4, const Tensor& x, Tensor& y,
-                            const std::optional<Tensor>& bias) {
+void dequantize_then_cublas(GemmParams p, bool nvfp4, const Tensor& x, Tensor& y, const std::optional<Tensor>& bias) {
   const int device = x.get_device_index();
   const LoadedKernel& k = loaded_kernel(device, dequantize_kernel_name(nvfp4), kThreads, 0);
-  const int64_t rows_per_chunk = dequant_rows_per_chunk(p.N, p.K, dequant_chunk_bytes());
-  const Tensor w = torch::stable::new_empty(x, {std::min<int64_t>(rows_per_chunk, n_tiles * kTileN), p.K});
+  const int64_t rows_per_chunk = dequant_rows_per_chunk(p.N, p.K, gemm_settings().dequant_chunk_bytes);
+  const Tensor w = torch::stable::new_empty(x, {rows_per_chunk, p.K});
   for (int64_t row = 0; row < p.N; row += rows_per_chunk) {
     const int64_t rows = std::min<int64_t>(rows_per_chunk, p.N - row);
     const uint8_t* tiles = p.weight_tiles;
@@ -195,7 +194,7 @@ Tensor weight_gemm(Tensor x_in, Tensor weight_tiles, Tensor row_scale, Tensor sp
                       "), got ",
                   str(path));
   if (chosen == Path::kDequantCublas) {
-    dequantize_then_cublas(p, n_tiles, kNvfp4, x, y, bias);
+    dequantize_then_cublas(p, kNvfp4, x, y, bias);
   } else if (chosen == Path::kGemv) {
     launch_gemv(p, n_tiles, use_sm70_atom(mma, device), kNvfp4, x);
   } else {

@@ -25,18 +25,26 @@ enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3
 // The GEMV decodes each weight once into MMA fragments and the tensor cores apply it to all M ≤ 8 rows (M = 9-16: one
 // more MMA per decoded fragment), so its cost per weight hardly grows with M (NVFP4 decode: 11 integer + 4 fp16
 // multiplies per 8 weights; mma.sync: 1 m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on
-// sm_70, so ≈ 3.5 issue slots per weight on a V100 with loads and loop, against 10.1 available at full bandwidth). It reads the same bytes as the fused kernel
-// without the shared-memory round trip, so it is taken for every M it supports.
+// sm_70, so ≈ 3.5 issue slots per weight on a V100 with loads and loop, against 10.1 available at full bandwidth).
+// It reads the same bytes as the fused kernel without the shared-memory round trip, so it is taken for every M it
+// supports.
 //
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200
 // (benchmarks/results/gemm-h200.md): the fused kernel wins up to M = 32 on every 27B shape and ties or wins at 64;
 // dequantize + cuBLAS wins from M = 128 (measure on a V100 before moving it).
 constexpr int64_t kDefaultCublasMinM = 65;
 
+// Dequantize + cuBLAS: the fp16 scratch that one chunk of weight rows is dequantized into before its cuBLAS call
+// (VLLM_VOLTA_FP4_DEQUANT_CHUNK_MIB). Measured on the H200 (benchmarks/bench_dequant_chunk.py, docs/gemm.md): chunks
+// that stay in L2 (2-30 MiB of its 60) are slower, not faster, at every M = 128-8192 — cuBLAS on a few hundred rows
+// runs far below its rate — and 96-256 MiB beat 32-64 at M ≥ 512 on most shapes (fewer, larger cuBLAS calls);
+// 128 MiB takes the 27B's largest weight (gate_up, 356 MB in fp16) in 3 chunks.
+constexpr int64_t kDefaultDequantChunkBytes = int64_t(128) << 20;
+
 struct GemmSettings {
   int64_t gemv_max_m = kGemvMaxM;
   int64_t cublas_min_m = kDefaultCublasMinM;
-  int64_t dequant_chunk_bytes = 0;  // 0: the default (dequant_chunk_bytes below)
+  int64_t dequant_chunk_bytes = kDefaultDequantChunkBytes;
 };
 
 inline GemmSettings& gemm_settings() {
@@ -47,7 +55,7 @@ inline GemmSettings& gemm_settings() {
 inline void configure_gemm(int64_t gemv_max, int64_t cublas_min, int64_t dequant_chunk_mib) {
   gemm_settings().gemv_max_m = gemv_max < 0 ? kGemvMaxM : std::min<int64_t>(gemv_max, kGemvMaxM);
   gemm_settings().cublas_min_m = cublas_min < 1 ? kDefaultCublasMinM : cublas_min;
-  gemm_settings().dequant_chunk_bytes = dequant_chunk_mib < 1 ? 0 : dequant_chunk_mib << 20;
+  gemm_settings().dequant_chunk_bytes = dequant_chunk_mib < 1 ? kDefaultDequantChunkBytes : dequant_chunk_mib << 20;
 }
 
 // The path `path` (an op argument) means for M rows; kAuto when `path` is not one of the four values.
@@ -97,15 +105,6 @@ inline int64_t plan_gemv(GemmParams& p, int64_t n_tiles, int64_t slots) {
 }
 inline bool gemv_needs_partials(const GemmParams& p) { return p.tiles_per_block % p.k_tiles != 0; }
 
-// Dequantize + cuBLAS: the fp16 scratch that one chunk of weight rows is dequantized into before its cuBLAS call
-// (VLLM_VOLTA_FP4_DEQUANT_CHUNK_MIB, default 128 MiB). Measured on the H200 (benchmarks/bench_dequant_chunk.py,
-// docs/gemm.md): chunks that stay in L2 (2-30 MiB of its 60) are slower, not faster, at every M = 128-8192 — cuBLAS
-// on a few hundred rows runs far below its rate — and 96-256 MiB beat 32-64 at M ≥ 512 on most shapes (fewer,
-// larger cuBLAS calls); 128 MiB takes the 27B's largest weight (gate_up, 356 MB in fp16) in 3 chunks.
-constexpr int64_t kDefaultDequantChunkBytes = int64_t(128) << 20;
-inline int64_t dequant_chunk_bytes() {
-  return gemm_settings().dequant_chunk_bytes > 0 ? gemm_settings().dequant_chunk_bytes : kDefaultDequantChunkBytes;
-}
 // Rows per chunk: the fewest chunks of at most chunk_bytes, cut into equal shares of whole 64-row tiles (no small
 // last chunk), at least one tile.
 inline int64_t dequant_rows_per_chunk(int64_t n, int64_t k, int64_t chunk_bytes) {

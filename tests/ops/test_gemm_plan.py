@@ -54,13 +54,14 @@ def test_dequant_chunks_are_the_fewest_equal_ones_within_the_budget(tmp_path):
 
 def test_configure_gemm_sets_the_cut_overs_and_the_chunk(tmp_path):
     values = _evaluate(tmp_path, [
-        "print(dequant_chunk_bytes())", "print(int(choose_path(16, 0)))", "print(int(choose_path(17, 0)))",
-        "print(int(choose_path(65, 0)))",
+        "print(gemm_settings().dequant_chunk_bytes)", "print(int(choose_path(16, 0)))",
+        "print(int(choose_path(17, 0)))", "print(int(choose_path(65, 0)))",
         "configure_gemm(4, 100, 3)",
-        "print(dequant_chunk_bytes())", "print(int(choose_path(4, 0)))", "print(int(choose_path(5, 0)))",
+        "print(gemm_settings().dequant_chunk_bytes)", "print(int(choose_path(4, 0)))", "print(int(choose_path(5, 0)))",
         "print(int(choose_path(100, 0)))", "print(int(choose_path(4, 1)))",
         "configure_gemm(-1, 0, 0)",  # below the smallest allowed values: the defaults again
-        "print(dequant_chunk_bytes())", "print(int(choose_path(16, 0)))", "print(int(choose_path(65, 0)))",
+        "print(gemm_settings().dequant_chunk_bytes)", "print(int(choose_path(16, 0)))",
+        "print(int(choose_path(65, 0)))",
     ])
     gemv, fused, cublas = 3, 1, 2
     assert values == [128 * MIB, gemv, fused, cublas, 3 * MIB, gemv, fused, cublas, fused, 128 * MIB, gemv, cublas]
