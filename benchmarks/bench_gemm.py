@@ -5,7 +5,7 @@ Each variant is timed as a CUDA graph of R back-to-back calls (so launch gaps ar
 rotating over weight copies and inputs that together exceed L2 several times; median of the replays. Results are
 checked against the dequantized weight before timing. Prints and writes a markdown table.
 
-    python benchmarks/bench_gemm.py --out benchmarks/results/gemm-h200.md [--quick]
+    python benchmarks/bench_gemm.py --out benchmarks/results/gemm-h200.md [--quick] [--m 16 32 64 128]
 """
 
 from __future__ import annotations
@@ -193,11 +193,12 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two shapes, fewer M")
+    parser.add_argument("--m", type=int, nargs="+", help="these M values only (all shapes)")
     args = parse_args(parser)
     copy_gbps = copy_bandwidth()
     print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
     shapes = SHAPES[:2] if args.quick else SHAPES
-    m_values = [1, 4, 8, 64, 2048] if args.quick else M_VALUES
+    m_values = args.m or ([1, 4, 8, 64, 2048] if args.quick else M_VALUES)
     rows = [row for name, n, k in shapes for row in bench_shape(name, n, k, m_values, copy_gbps)]
     table = markdown(rows, copy_gbps, torch.cuda.get_device_name(), args.commit or git_commit())
     print(table)

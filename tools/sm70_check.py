@@ -34,7 +34,7 @@ VOLTA_MAX_SMEM_PER_BLOCK = 96 * 1024
 VOLTA_HMMA = "mma.sync.aligned.m8n8k4"
 MMA_ATOMS = ("Sm70Mma", "Sm80Mma")
 FORMATS = ("Nvfp4Format", "Fp8Format")
-BLOCK_ROWS = (16, 32, 64)  # the BM values the GEMM ops launch (gemm/weight_gemm_plan.h)
+BLOCK_ROWS = (16, 32)  # the fused kernel's BM values (fused_block_rows in gemm/weight_gemm_plan.h)
 GEMV_ROWS = tuple(range(1, 17))  # the M values of weight_gemv_kernel (PATH_GEMV, M <= kGemvMaxM)
 ATTENTION_HEAD_SIZES = (64, 128, 256)
 ATTENTION_BLOCK_ROWS = (64, 16)  # prefill and decode blocks (attention/attention_shape.h)

@@ -30,7 +30,8 @@ from devkit import v100  # noqa: E402
 from vllm_volta_fp4.toolkit.planner import model_shape, read_config  # noqa: E402
 
 CONFIG = REPO / "tests" / "data" / "qwen3.8-27b-config.json"
-GEMM_TILE_N, GEMM_STAGE_K = 64, 128  # weight_gemm.cuh: output tile BM × 64, K in 128-column stages
+GEMM_TILE_N = 64  # weight_gemm.cuh: weight tiles of 64 rows × 128 columns
+GEMM_BLOCK_ROWS = 32  # the fused kernel's largest BM (kFusedMaxBlockRows)
 ATTENTION_TILE_KEYS = 64
 GDN_CHUNK, GDN_V_SLICE = 64, 32
 NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16  # 4-bit code + one E4M3 scale per 16 (4.5 bits)
@@ -63,11 +64,8 @@ def unit_of_work(name: str) -> str:
     import re
 
     numbers = [int(n) for n in re.findall(r"Li(\d+)E", name)]
-    if "weight_gemm_kernel" in name:
-        bm = numbers[-1]
-        return f"{4 * bm // 16 * GEMM_STAGE_K // 4} per {bm}×64 output tile per 128-deep K stage (4 warps × BM/16 × 32)"
-    if "weight_gemv_kernel" in name:
-        x_blocks = (numbers[-1] + 7) // 8  # one m8n8k4 per 8 x rows
+    if "weight_gemv_kernel" in name or "weight_gemm_kernel" in name:
+        x_blocks = (numbers[-1] + 7) // 8  # one m8n8k4 per 8 x rows (the fused kernel: BM rows of x per block)
         return f"{64 * x_blocks} per 64×128 weight tile (one m8n8k4 = 8 weight rows × 16 k × 8 x rows)"
     if "paged_attention_kernel" in name:
         d, rows = numbers[-2:]
@@ -109,7 +107,7 @@ def linear_calls(shape) -> list[Call]:
         for m in (1, 8, 16):
             calls.append(Call(f"weight_gemv M={m}, {label} {n}×{k}", weights + FP16 * m * (n + k),
                               math.ceil(m / 8) * n * k / 128))
-        for m, bm in ((64, 64), (2048, 64)):
+        for m, bm in ((64, GEMM_BLOCK_ROWS), (2048, GEMM_BLOCK_ROWS)):
             strips = math.ceil(m / bm)
             mma = strips * bm * math.ceil(n / GEMM_TILE_N) * GEMM_TILE_N * k / v100.MMA_M8N8K4_MACS
             calls.append(Call(f"weight_gemm BM={bm} M={m}, {label} {n}×{k}", strips * weights + FP16 * m * (n + k),

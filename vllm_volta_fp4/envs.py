@@ -31,7 +31,7 @@ MMA = Variable("VLLM_VOLTA_FP4_MMA", "sm70, sm80 or auto", "force an MMA atom (u
 GEMV_MAX_M = Variable("VLLM_VOLTA_FP4_GEMV_MAX_M", "an integer ≥ 0",
                       "largest M the GEMM's automatic choice sends to the GEMV (0: never; default and maximum 16)")
 CUBLAS_MIN_M = Variable("VLLM_VOLTA_FP4_CUBLAS_MIN_M", "an integer ≥ 1",
-                        "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 65)")
+                        "smallest M that runs dequantize + cuBLAS instead of the fused kernel (default 129)")
 DEQUANT_CHUNK_MIB = Variable("VLLM_VOLTA_FP4_DEQUANT_CHUNK_MIB", "an integer ≥ 1",
                              "fp16 scratch (MiB) of one chunk of weight rows that dequantize + cuBLAS dequantizes "
                              "before its cuBLAS call (default 128)")

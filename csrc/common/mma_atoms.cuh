@@ -23,6 +23,7 @@ namespace volta_fp4 {
 // (lanes q·4…q·4+3 and q·4+16…q·4+19). Quad-pair q takes rows (q & 1)·8 and columns (q >> 1)·8, so one
 // instruction is a 16×16×4 product. Within a quad-pair, lane row/column = lane % 4 + 4·(lane ≥ 16).
 struct Sm70Mma {
+  static constexpr bool kSm70Atom = true;
   static constexpr int kK = 4;
   template <int BM>
   struct Frags {
@@ -68,8 +69,8 @@ struct Sm70Mma {
     row = (i >> 3) * 16 + (quad_pair & 1) * 8 + (lane & 1) + (e & 2) + ((lane >> 4) << 2);
     col = (quad_pair >> 1) * 8 + (e & 4) + (lane & 2) + (e & 1);
   }
-  // ─ GEMV hooks (weight_gemv_kernel in weight_gemm.cuh, its "GEMV path" section). Quad-pair q, row i of the pair, loads record lane slot
-  // v = 4i + q; per step two products (rows g, g+8 of the row group: accumulators [r·8 + e]) with B = x[i][c … c+3].
+  // ─ GEMV hooks (weight_gemv_kernel and weight_gemm_kernel in weight_gemm.cuh, its "GEMV path" section).
+  // Quad-pair q, row i of the pair, loads record lane slot v = 4i + q; per step two products (rows g, g+8 of the row group: accumulators [r·8 + e]) with B = x[i][c … c+3].
   static constexpr int kGemvAcc = 16;
   static constexpr int kGemvChains = 1;     // the two products per step are independent already
   static constexpr int kGemvMaxStages = 2;  // 16 accumulators leave registers for 2 tiles in flight (900 GB/s: enough)
@@ -120,6 +121,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* ro
 }
 
 struct Sm80Mma {
+  static constexpr bool kSm70Atom = false;
   static constexpr int kK = 16;
   template <int BM>
   struct Frags {

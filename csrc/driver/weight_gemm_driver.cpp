@@ -90,15 +90,16 @@ std::tuple<Tensor, Tensor, Tensor> prepare_fp8(Tensor weight, Tensor scale) {
 // ─── the GEMM ops ─────────────────────────────────────────────────────────────────────────────────────────────
 void launch_fused(GemmParams p, int64_t n_tiles, bool sm70, bool nvfp4, const Tensor& x) {
   const int device = x.get_device_index(), bm = fused_block_rows(p.M), smem = fused_smem_bytes(bm);
-  const LoadedKernel& k = loaded_kernel(device, fused_kernel_name(sm70, nvfp4, bm), kThreads, smem);
-  const Grid3 g = plan_fused(p, n_tiles, int64_t(driver::multiprocessor_count(device)) * k.blocks_per_sm);
+  const int threads = fused_block_threads(sm70, bm);
+  const LoadedKernel& k = loaded_kernel(device, fused_kernel_name(sm70, nvfp4, bm), threads, smem);
+  const Grid3 g = plan_fused(p, n_tiles, int64_t(driver::multiprocessor_count(device)) * k.blocks_per_sm, sm70);
   Tensor partials;
   if (p.splits > 1) {
     partials = torch::stable::new_empty(x, {p.splits, p.M, n_tiles * kTileN}, ScalarType::Float);
     p.partials = static_cast<float*>(partials.data_ptr());
   }
   void* args[] = {&p};
-  k.kernel.launch({g.x, g.y, g.z}, kThreads, unsigned(smem), current_stream(device), args);
+  k.kernel.launch({g.x, g.y, g.z}, unsigned(threads), unsigned(smem), current_stream(device), args);
 }
 
 void launch_gemv(GemmParams p, int64_t n_tiles, bool sm70, bool nvfp4, const Tensor& x) {

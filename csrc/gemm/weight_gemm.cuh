@@ -10,7 +10,7 @@
 // 64-column half h, the 16 columns h·64 + 16·t … +15; its j-th 16-byte vector is vector j·32 + v of the record,
 // so every warp load reads 512 contiguous bytes. Word b (0…3) of a lane's half h covers columns
 // c = h·64 + 16·t + 4·b … c+3 of both rows, which is what one MMA step of the GEMV needs in registers
-// (see "GEMV path"); the fused and dequantize kernels store the same 64 weights per thread to shared memory.
+// (see "GEMV path"); the dequantize kernel stores the same 64 weights per thread to shared memory.
 //   NVFP4 (1152-byte records, 4608-byte chunks): vector h = half h, four 32-bit words of 8 E2M1 codes in slots
 //     i = 2p + q = row g + 8·(p & 1), column c + 2·(p >> 1) + q, so that e2m1_word_to_half2 (which says where a
 //     slot's magnitude and sign bits are) yields the fp16 pairs (row g, c…c+1), (g+8, c…c+1), (g, c+2…c+3),
@@ -20,19 +20,11 @@
 // Both formats decode to w · 2^-8 in fp16, exactly (NVFP4: E2M1 × E4M3 block scale has ≤ 5 significant bits and
 // lies in [2^-18, 10.5]); row_scale[N] (float32, unpadded) is the per-output-row decode scale · 2^8; bias[N] is fp16.
 //
-// ─── Pipeline of the fused kernel (one template for both formats and both MMA atoms) ─────────────────────
-// Block = 4 warps, output tile BM × 64 (BM = 16, 32, 64 by M), K walked in 128-column stages. Volta has no
-// asynchronous copy, so global → shared goes through registers: a ring of Format::kStagesInFlight stages of packed
-// weights (2 at BM = 64, where registers are short) is loaded ahead, each stage is dequantized on its way from
-// registers into shared memory, stored there as fp16 in one of two buffers
-// (rows padded to 136 halves so fragment loads are bank-conflict free), and the MMA atom reads its fragments
-// from there. One barrier per stage: the double buffer lets the next stage be written while a slower warp
-// still reads the previous one. Warp w computes output columns w·16 … w·16+15 for all BM rows.
-// Split-K (small M): blocks of the same output tile write fp32 partials; the last one to arrive (counted with
-// a per-layer semaphore that it resets to zero) sums them in split order (deterministic) and runs the
-// epilogue. Epilogue: acc · row_scale[n] + bias[n], rounded once to fp16.
-// Small M (≤ 16) has a second kernel on the same tiles, weight_gemv_kernel (weights decoded in registers straight
-// into MMA fragments, no shared memory): see "GEMV path" below.
+// ─── Kernels ─────────────────────────────────────────────────────────────────────────────────────────────────
+// weight_gemv_kernel (M ≤ 16) and weight_gemm_kernel (the fused kernel, M up to the dequantize + cuBLAS cut-over)
+// decode weights in registers straight into MMA A fragments ("GEMV path" below): no shared memory for weights, and
+// each decoded fragment feeds one MMA per 8 rows of x. dequantize_tiles_kernel writes fp16 weights for cuBLAS (large
+// M). Epilogue everywhere: acc · row_scale[n] + bias[n], rounded once to fp16.
 #pragma once
 
 #include "common/fp16.cuh"
@@ -91,7 +83,6 @@ __device__ __forceinline__ void e2m1_word_to_half2(uint32_t word, uint32_t (&out
 // with the block scales from scales() (computed once per stage).
 struct Nvfp4Format : Nvfp4Tiles {
   static constexpr int kRecordBytes = kChunkBytes / 4;
-  static constexpr int kStagesInFlight = 4;      // fused kernel: stages of 36 B per thread loaded ahead
   static constexpr int kGemvStagesInFlight = 3;  // weight_gemv_kernel ring: tiles of 36 B of weights + 64 B of x per lane
   struct Stage {
     uint4 codes[2];
@@ -123,7 +114,6 @@ struct Nvfp4Format : Nvfp4Tiles {
 
 struct Fp8Format : Fp8Tiles {
   static constexpr int kRecordBytes = kChunkBytes / 4;
-  static constexpr int kStagesInFlight = 2;
   static constexpr int kGemvStagesInFlight = 2;  // 64 B of weights + 64 B of x per lane and tile (sm_70 registers)
   struct Stage {
     uint4 codes[4];  // [2h + r]: row g + 8r, half h
@@ -146,7 +136,7 @@ struct Fp8Format : Fp8Tiles {
 };
 
 // A thread's whole stage (its 64 weights of the record) as fp16: out[h][r][j] = row g + 8r, columns
-// h·64 + 16·t + 2j, +1 (lane slot v = 4g + t). For the kernels that go through shared memory.
+// h·64 + 16·t + 2j, +1 (lane slot v = 4g + t). For the dequantize kernel.
 template <class Format>
 __device__ __forceinline__ void dequantize_stage(const typename Format::Stage& s, uint32_t (&out)[2][2][8]) {
   const typename Format::Scales sc = Format::scales(s);
@@ -178,135 +168,6 @@ __device__ __forceinline__ void store_stage_to_tile(const uint32_t (&w)[2][2][8]
 }
 
 
-__device__ __forceinline__ void store_pair(const GemmParams& p, int m, int n, float v0, float v1) {
-  if (m >= p.M || n >= p.N) return;  // N is a multiple of 16, so n < N implies n + 1 < N
-  const float2 scale = *reinterpret_cast<const float2*>(p.row_scale + n);
-  float2 out = make_float2(v0 * scale.x, v1 * scale.y);
-  if (p.bias) {
-    const float2 b = half2_to_float2(*reinterpret_cast<const uint32_t*>(p.bias + n));
-    out.x += b.x;
-    out.y += b.y;
-  }
-  *reinterpret_cast<uint32_t*>(p.y + int64_t(m) * p.N + n) = float2_to_half2_rn(out.x, out.y);
-}
-
-template <class Mma, class Format, int BM>
-__global__ void __launch_bounds__(kThreads) weight_gemm_kernel(const GemmParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint16_t* smem = reinterpret_cast<uint16_t*>(smem_raw);
-  constexpr int kBufHalves = (BM + kTileN) * kSmemRowHalves;  // x rows, then w rows
-  constexpr int kXVectors = BM * (kTileK / 8) / kThreads;     // 16-byte x loads per thread per stage
-  // At BM = 64 the x prefetch and accumulators need the registers; that tile is compute-heavier anyway.
-  constexpr int kRing = BM >= 64 ? 2 : Format::kStagesInFlight;
-  static_assert(kXVectors >= 1 && BM % 16 == 0 && kRing % 2 == 0, "tile configuration");
-  static_assert(fused_smem_bytes(BM) <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n_tile = blockIdx.x, m0 = blockIdx.y * BM, split = blockIdx.z;
-  const int kt_begin = split * p.k_tiles_per_split;
-  const int kt_count = min(p.k_tiles_per_split, p.k_tiles - kt_begin);
-  // Warp w loads and dequantizes record w (tile rows 16w … 16w+15) of each chunk.
-  const uint8_t* strip = p.weight_tiles + int64_t(n_tile) * p.k_tiles * Format::kChunkBytes + warp * Format::kRecordBytes;
-
-  typename Format::Stage ring[kRing];
-  uint4 x_stage[kXVectors];
-  auto load_x = [&](int kt) {
-#pragma unroll
-    for (int v = 0; v < kXVectors; ++v) {
-      const int q = v * kThreads + tid, row = q >> 4, k = kt * kTileK + (q & 15) * 8;
-      x_stage[v] = (m0 + row < p.M && k < p.K)
-                       ? *reinterpret_cast<const uint4*>(p.x + int64_t(m0 + row) * p.ldx + k)
-                       : make_uint4(0, 0, 0, 0);
-    }
-  };
-  // Stage i of this block is k-tile kt_begin + i.
-#pragma unroll
-  for (int s = 0; s < kRing; ++s)
-    if (s < kt_count) Format::load(ring[s], strip + int64_t(kt_begin + s) * Format::kChunkBytes, lane);
-  if (kt_count > 0) load_x(kt_begin);
-
-  float acc[BM / 2];
-#pragma unroll
-  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
-
-  for (int i0 = 0; i0 < kt_count; i0 += kRing) {
-#pragma unroll
-    for (int s = 0; s < kRing; ++s) {
-      const int i = i0 + s;
-      if (i >= kt_count) break;
-      uint16_t* sx = smem + (s & 1) * kBufHalves;
-      uint16_t* sw = sx + BM * kSmemRowHalves;
-#pragma unroll
-      for (int v = 0; v < kXVectors; ++v) {
-        const int q = v * kThreads + tid;
-        *reinterpret_cast<uint4*>(sx + (q >> 4) * kSmemRowHalves + (q & 15) * 8) = x_stage[v];
-      }
-      {
-        uint32_t w[2][2][8];
-        dequantize_stage<Format>(ring[s], w);
-        store_stage_to_tile(w, sw, warp, lane);
-      }
-      if (i + kRing < kt_count)
-        Format::load(ring[s], strip + int64_t(kt_begin + i + kRing) * Format::kChunkBytes, lane);
-      if (i + 1 < kt_count) load_x(kt_begin + i + 1);
-      __syncthreads();
-      const uint16_t* sw_strip = sw + warp * kWarpN * kSmemRowHalves;
-#pragma unroll
-      for (int k = 0; k < kTileK; k += Mma::kK) {
-        typename Mma::template Frags<BM> f;
-        Mma::template load<BM>(f, sx, sw_strip, k, lane);
-        Mma::template mma<BM>(acc, f);
-      }
-    }
-  }
-
-  const int n_base = n_tile * kTileN + warp * kWarpN;
-  if (p.splits == 1) {
-#pragma unroll
-    for (int i = 0; i < BM / 2; i += 2) {
-      int row, col;
-      Mma::acc_coord(lane, i, row, col);
-      store_pair(p, m0 + row, n_base + col, acc[i], acc[i + 1]);
-    }
-    return;
-  }
-
-  // Split-K: publish this split's partial tile, then the last block of the tile reduces all of them.
-  const int np = gridDim.x * kTileN;
-  auto partial = [&](int s, int m, int n) { return p.partials + (int64_t(s) * p.M + m) * np + n; };
-#pragma unroll
-  for (int i = 0; i < BM / 2; i += 2) {
-    int row, col;
-    Mma::acc_coord(lane, i, row, col);
-    if (m0 + row < p.M) *reinterpret_cast<float2*>(partial(split, m0 + row, n_base + col)) = make_float2(acc[i], acc[i + 1]);
-  }
-  __shared__ int arrived_last;
-  __threadfence();
-  __syncthreads();
-  int* counter = p.counters + n_tile * kMaxSplitMTiles + blockIdx.y;
-  if (tid == 0) {
-    const int arrived = atomicAdd(counter, 1);
-    arrived_last = arrived == p.splits - 1;
-    if (arrived_last) *counter = 0;  // leave the semaphore at zero for the next launch
-  }
-  __syncthreads();
-  if (!arrived_last) return;
-  __threadfence();
-#pragma unroll
-  for (int i = 0; i < BM / 2; i += 2) {
-    int row, col;
-    Mma::acc_coord(lane, i, row, col);
-    if (m0 + row >= p.M) continue;
-    float2 sum = make_float2(0.f, 0.f);
-    for (int s = 0; s < p.splits; ++s) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(partial(s, m0 + row, n_base + col)));
-      sum.x += v.x;
-      sum.y += v.y;
-    }
-    store_pair(p, m0 + row, n_base + col, sum.x, sum.y);
-  }
-}
-
 // ─── GEMV path (small M, PATH_GEMV): weights decoded in registers straight into MMA fragments ─────────────
 // yᵀ = W · xᵀ with the weights as the MMA's A operand (16 rows of a row group × k) and xᵀ as B (k × 8 columns
 // = 8 rows of x; columns ≥ M feed outputs that are never stored), so the tensor cores apply each decoded weight to
@@ -335,6 +196,35 @@ __device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, flo
   p.y[int64_t(m) * p.N + n] = uint16_t(float2_to_half2_rn(out, 0.f) & 0xFFFFu);
 }
 
+// Calls f(i, row, m) for each accumulator i of a GEMV-hook accumulator set that this lane stores (after
+// Mma::gemv_reduce): row of the 16-row record and row m (0 … 7) of the 8-row x block it holds.
+template <class Mma, class F>
+__device__ __forceinline__ void for_each_gemv_output(int lane, F&& f) {
+  if (!Mma::gemv_writes(lane)) return;
+#pragma unroll
+  for (int i = 0; i < Mma::kGemvAcc; ++i) {
+    int row, m;
+    Mma::gemv_coord(lane, i, row, m);
+    f(i, row, m);
+  }
+}
+
+// The semaphore of split sums: every thread of the block calls it once its partials are written; true in the block
+// that arrives last of `blocks`, which resets the counter to zero for the next launch and may then read them all.
+__device__ __forceinline__ bool arrived_last(int* counter, int blocks) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1) == blocks - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  const bool is_last = last;
+  if (is_last) __threadfence();
+  return is_last;
+}
+
 // Rows 9-16 (a server decoding 9-16 sequences, MTP verification of K = 3 at batch 4): x rows 8-15 are a second B
 // operand of the same decoded A fragment, so each decoded weight feeds one more MMA into a second accumulator set
 // and nothing more is decoded. Their x fragments are read from L1 when the tile is computed, not loaded ahead in
@@ -355,8 +245,6 @@ __global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMi
     typename Format::Stage w;
     XFragments x;  // x rows 0-7
   };
-  __shared__ int arrived_last;
-
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int v = Mma::gemv_slot(lane), g = v >> 2, t = v & 3;
   const int per = p.tiles_per_block, tiles = (p.N + kTileN - 1) / kTileN * p.k_tiles;
@@ -422,18 +310,13 @@ __global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMi
       }
       Mma::gemv_reduce(sum[xb]);
     }
-    const bool writer = Mma::gemv_writes(lane);
     const int n_base = strip * kTileN + warp * 16;
     if (piece_begin_kt == 0 && kt + 1 == p.k_tiles) {  // the whole strip: no other piece
 #pragma unroll
       for (int xb = 0; xb < kXBlocks; ++xb)
-#pragma unroll
-        for (int i = 0; i < Mma::kGemvAcc; ++i) {
-          int row, m;
-          Mma::gemv_coord(lane, i, row, m);
-          m += 8 * xb;
-          if (writer && m < M && n_base + row < p.N) store_one(p, m, n_base + row, sum[xb][i]);
-        }
+        for_each_gemv_output<Mma>(lane, [&](int i, int row, int m) {
+          if (m + 8 * xb < M && n_base + row < p.N) store_one(p, m + 8 * xb, n_base + row, sum[xb][i]);
+        });
       return;
     }
     // Partial slot: 0 = this block's first strip, 1 = its last one (the strips between are whole).
@@ -443,38 +326,21 @@ __global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMi
     };
 #pragma unroll
     for (int xb = 0; xb < kXBlocks; ++xb)
-#pragma unroll
-      for (int i = 0; i < Mma::kGemvAcc; ++i) {
-        int row, m;
-        Mma::gemv_coord(lane, i, row, m);
-        m += 8 * xb;
-        if (writer && m < M) *partial(blockIdx.x, side, m, row) = sum[xb][i];
-      }
-    __threadfence();
-    __syncthreads();
+      for_each_gemv_output<Mma>(lane, [&](int i, int row, int m) {
+        if (m + 8 * xb < M) *partial(blockIdx.x, side, m + 8 * xb, row) = sum[xb][i];
+      });
     const int first_block = strip * p.k_tiles / per, last_block = ((strip + 1) * p.k_tiles - 1) / per;
-    int* counter = p.counters + strip * kMaxSplitMTiles;
-    if (tid == 0) {
-      const int arrived = atomicAdd(counter, 1);
-      arrived_last = arrived == last_block - first_block;
-      if (arrived_last) *counter = 0;  // leave the semaphore at zero for the next launch
-    }
-    __syncthreads();
-    if (!arrived_last) return;
-    __threadfence();
+    if (!arrived_last(p.counters + strip * kMaxSplitMTiles, last_block - first_block + 1)) return;
 #pragma unroll
     for (int xb = 0; xb < kXBlocks; ++xb)
-#pragma unroll
-      for (int i = 0; i < Mma::kGemvAcc; ++i) {
-        int row, m;
-        Mma::gemv_coord(lane, i, row, m);
+      for_each_gemv_output<Mma>(lane, [&](int i, int row, int m) {
         m += 8 * xb;
-        if (!writer || m >= M || n_base + row >= p.N) continue;
+        if (m >= M || n_base + row >= p.N) return;
         float total = 0.f;
         for (int b = first_block; b <= last_block; ++b)  // a block that starts before this strip ends in it
           total += __ldcg(partial(b, b * per < strip * p.k_tiles ? 1 : 0, m, row));
         store_one(p, m, n_base + row, total);
-      }
+      });
   };
 
   for (int i0 = 0; i0 < count; i0 += kRing) {
@@ -508,6 +374,141 @@ __global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMi
       if (++kt == p.k_tiles) kt = 0;
     }
   }
+}
+
+// ─── Fused path (PATH_FUSED: a server's 17-64 rows, prefill chunks) ────────────────────────────────────────
+// The GEMV's decode with x as B operands of BM/8 blocks of 8 rows: every decoded A fragment feeds BM/8 MMAs, so the
+// decode cost per weight falls as M grows while the weights are read once and never touch shared memory (the
+// kernel it replaces dequantized each tile into shared memory and read it back with ldmatrix: 0.4-0.6× cuBLAS at
+// M = 64-128). x is the operand that is reused, by every warp of the block: each k-tile of it (BM × 128 fp16) is
+// staged through shared memory, double-buffered, loaded one k-tile ahead into registers (Volta has no asynchronous
+// copy); one barrier per k-tile. Lane slot (g, t) reads x row xb·8 + g, columns h·64 + 16t … +15 of the buffer as
+// two 16-byte vectors, each the B fragments of two MMA steps (the record layout's column order, "GEMV path").
+// Block: 4 warps per 64-row strip (warp w: row group w % 4 of strip blockIdx.x · kStrips + w / 4), kStrips strips
+// sharing the x tile; output BM × 64·kStrips per block, one m-tile per blockIdx.y. Each warp streams its record of
+// every k-tile through a ring of weight stages like the GEMV's. With an odd strip count the last block's second
+// strip does not exist: its warps stage x and meet the barriers, nothing else.
+// Split-K (blockIdx.z) when strips × m-tiles leave SMs idle: fp32 partials [splits][M][Np], summed in split order
+// (deterministic) by the block that arrives last at its (strip group, m-tile) semaphore.
+// Registers (the __launch_bounds__ asks for 2 blocks per SM): accumulators 4 per x block on sm_80, 16 on sm_70 —
+// hence one strip per block there at BM = 32 (fused_strips_per_block).
+template <class Mma, class Format, int BM>
+__global__ void __launch_bounds__(fused_block_threads(Mma::kSm70Atom, BM), 2) weight_gemm_kernel(const GemmParams p) {
+  constexpr int kStrips = fused_strips_per_block(Mma::kSm70Atom, BM);
+  constexpr int kBlockThreads = fused_block_threads(Mma::kSm70Atom, BM);
+  constexpr int kXBlocks = BM / 8;
+  constexpr int kXVectors = BM * (kTileK / 8) / kBlockThreads;  // 16-byte x loads per thread and k-tile
+  constexpr int kRing = Format::kGemvStagesInFlight < Mma::kGemvMaxStages ? Format::kGemvStagesInFlight
+                                                                         : Mma::kGemvMaxStages;
+  static_assert(BM % 16 == 0 && BM <= kFusedMaxBlockRows, "block rows");
+  static_assert(kXVectors >= 1 && kXVectors * kBlockThreads == BM * kTileK / 8, "x tile loads");
+  static_assert(fused_smem_bytes(BM) <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* const x_tiles = reinterpret_cast<uint16_t*>(smem_raw);  // [2][BM][kSmemRowHalves]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, row_group = warp % 4;
+  const int v = Mma::gemv_slot(lane), g = v >> 2, t = v & 3;
+  const int n_tiles = (p.N + kTileN - 1) / kTileN, strip = blockIdx.x * kStrips + warp / 4;
+  const bool computes = strip < n_tiles;
+  const int m0 = blockIdx.y * BM, split = blockIdx.z;
+  const int kt_begin = split * p.k_tiles_per_split;
+  const int kt_count = min(p.k_tiles_per_split, p.k_tiles - kt_begin);
+  const uint8_t* const record = p.weight_tiles + (int64_t(computes ? strip : 0) * p.k_tiles + kt_begin) *
+                                                     Format::kChunkBytes + row_group * Format::kRecordBytes;
+
+  // x rows ≥ M and columns ≥ K (the last k-tile when K is not a multiple of 128) are zero-filled: the padded
+  // weights there are zero, but 0 · (whatever lies past x) need not be.
+  uint4 x_next[kXVectors];
+  auto load_x = [&](int kt) {
+#pragma unroll
+    for (int j = 0; j < kXVectors; ++j) {
+      const int q = j * kBlockThreads + tid, row = q >> 4, k = kt * kTileK + (q & 15) * 8;
+      x_next[j] = m0 + row < p.M && k < p.K ? __ldg(reinterpret_cast<const uint4*>(p.x + int64_t(m0 + row) * p.ldx + k))
+                                             : make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  typename Format::Stage ring[kRing];
+#pragma unroll
+  for (int s = 0; s < kRing; ++s)
+    if (computes && s < kt_count) Format::load(ring[s], record + int64_t(s) * Format::kChunkBytes, v);
+  if (kt_count > 0) load_x(kt_begin);
+
+  float acc[kXBlocks][Mma::kGemvAcc];
+#pragma unroll
+  for (int xb = 0; xb < kXBlocks; ++xb)
+#pragma unroll
+    for (int i = 0; i < Mma::kGemvAcc; ++i) acc[xb][i] = 0.f;
+
+  for (int i0 = 0; i0 < kt_count; i0 += kRing) {
+#pragma unroll
+    for (int s = 0; s < kRing; ++s) {
+      const int i = i0 + s;
+      if (i >= kt_count) break;
+      // Buffer i % 2 is free: its last readers (k-tile i - 2) finished before the barrier of k-tile i - 1.
+      uint16_t* const x_tile = x_tiles + (i & 1) * BM * kSmemRowHalves;
+#pragma unroll
+      for (int j = 0; j < kXVectors; ++j) {
+        const int q = j * kBlockThreads + tid;
+        *reinterpret_cast<uint4*>(x_tile + (q >> 4) * kSmemRowHalves + (q & 15) * 8) = x_next[j];
+      }
+      if (i + 1 < kt_count) load_x(kt_begin + i + 1);
+      __syncthreads();
+      if (!computes) continue;
+      const typename Format::Scales sc = Format::scales(ring[s]);
+      const uint16_t* const x_lane = x_tile + g * kSmemRowHalves + 16 * t;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int pair = 0; pair < 2; ++pair) {  // steps b = 2·pair, 2·pair + 1: one 16-byte x vector per x block
+          uint32_t a[2][4];
+          Format::decode(ring[s], sc, h, 2 * pair, a[0]);
+          Format::decode(ring[s], sc, h, 2 * pair + 1, a[1]);
+#pragma unroll
+          for (int xb = 0; xb < kXBlocks; ++xb) {
+            const uint4 x = *reinterpret_cast<const uint4*>(x_lane + xb * 8 * kSmemRowHalves + h * 64 + 8 * pair);
+            Mma::gemv_mma(acc[xb], a[0], x.x, x.y);
+            Mma::gemv_mma(acc[xb], a[1], x.z, x.w);
+          }
+        }
+      }
+      if (i + kRing < kt_count) Format::load(ring[s], record + int64_t(i + kRing) * Format::kChunkBytes, v);
+    }
+  }
+
+#pragma unroll
+  for (int xb = 0; xb < kXBlocks; ++xb) Mma::gemv_reduce(acc[xb]);
+  const int n_base = strip * kTileN + row_group * 16;
+  if (p.splits == 1) {
+    if (!computes) return;
+#pragma unroll
+    for (int xb = 0; xb < kXBlocks; ++xb)
+      for_each_gemv_output<Mma>(lane, [&](int i, int row, int m) {
+        m += m0 + 8 * xb;
+        if (m < p.M && n_base + row < p.N) store_one(p, m, n_base + row, acc[xb][i]);
+      });
+    return;
+  }
+  const int64_t np = int64_t(n_tiles) * kTileN;
+  auto partial = [&](int s, int m, int n) { return p.partials + (int64_t(s) * p.M + m) * np + n; };
+  if (computes) {
+#pragma unroll
+    for (int xb = 0; xb < kXBlocks; ++xb)
+      for_each_gemv_output<Mma>(lane, [&](int i, int row, int m) {
+        m += m0 + 8 * xb;
+        if (m < p.M) *partial(split, m, n_base + row) = acc[xb][i];
+      });
+  }
+  if (!arrived_last(p.counters + blockIdx.x * kMaxSplitMTiles + blockIdx.y, p.splits) || !computes) return;
+#pragma unroll
+  for (int xb = 0; xb < kXBlocks; ++xb)
+    for_each_gemv_output<Mma>(lane, [&](int, int row, int m) {
+      m += m0 + 8 * xb;
+      if (m >= p.M || n_base + row >= p.N) return;
+      float total = 0.f;
+      for (int s = 0; s < p.splits; ++s) total += __ldcg(partial(s, m, n_base + row));
+      store_one(p, m, n_base + row, total);
+    });
 }
 
 // Tiles → fp16 W rows [row_begin, row_begin + rows) × K, row_scale applied in fp32 and rounded once.

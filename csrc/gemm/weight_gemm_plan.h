@@ -29,10 +29,10 @@ enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3
 // It reads the same bytes as the fused kernel without the shared-memory round trip, so it is taken for every M it
 // supports.
 //
-// Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on the H200
-// (benchmarks/results/gemm-h200.md): the fused kernel wins up to M = 32 on every 27B shape and ties or wins at 64;
-// dequantize + cuBLAS wins from M = 128 (measure on a V100 before moving it).
-constexpr int64_t kDefaultCublasMinM = 65;
+// Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on an H100 (docs/gemm.md,
+// v11): the fused kernel beats dequantize + cuBLAS on every 27B shape at M = 128 (1.1-1.8×), which wins at M = 256
+// (measure on a V100 before moving it).
+constexpr int64_t kDefaultCublasMinM = 129;
 
 // Dequantize + cuBLAS: the fp16 scratch that one chunk of weight rows is dequantized into before its cuBLAS call
 // (VLLM_VOLTA_FP4_DEQUANT_CHUNK_MIB). Measured on the H200 (benchmarks/bench_dequant_chunk.py, docs/gemm.md): chunks
@@ -72,18 +72,19 @@ inline Path choose_path(int64_t m, int64_t path) {
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// Fused kernel: BM rows per block for M rows (16, 32 or 64).
-inline int fused_block_rows(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
+// Fused kernel: BM rows per block for M rows; more rows than 32 take several m-tiles (blockIdx.y).
+inline int fused_block_rows(int64_t m) { return m <= 16 ? 16 : kFusedMaxBlockRows; }
 
-// Split K so that the SMs' resident blocks are busy, choosing among whole waves: cost ≈ waves × (stages per
-// block + a pipeline fill of ~2 stages). Only where one semaphore per output tile exists. Sets
-// p.k_tiles_per_split and p.splits; returns the grid (n_tiles, m_tiles, splits).
+// Split K so that the SMs' resident blocks are busy, choosing among whole waves: cost ≈ waves × (k-tiles per
+// block + a pipeline fill of ~2). Only where one semaphore per block tile exists. Sets p.k_tiles_per_split and
+// p.splits; returns the grid (strip groups, m-tiles, splits).
 struct Grid3 {
   unsigned x, y, z;
 };
-inline Grid3 plan_fused(GemmParams& p, int64_t n_tiles, int64_t slots) {
-  const int64_t m_tiles = fused_block_rows(p.M) == 64 ? (p.M + 63) / 64 : 1;
-  const int64_t tiles = n_tiles * m_tiles;
+inline Grid3 plan_fused(GemmParams& p, int64_t n_tiles, int64_t slots, bool sm70_atom) {
+  const int bm = fused_block_rows(p.M), strips = fused_strips_per_block(sm70_atom, bm);
+  const int64_t groups = (n_tiles + strips - 1) / strips, m_tiles = (p.M + bm - 1) / bm;
+  const int64_t tiles = groups * m_tiles;
   int64_t splits = 1, best_cost = INT64_MAX;
   for (int64_t s = 1; s <= (m_tiles <= kMaxSplitMTiles ? std::min<int64_t>(p.k_tiles, 64) : 1); ++s) {
     const int64_t per = (p.k_tiles + s - 1) / s, waves = (tiles * s + slots - 1) / slots, cost = waves * (per + 2);
@@ -91,7 +92,7 @@ inline Grid3 plan_fused(GemmParams& p, int64_t n_tiles, int64_t slots) {
   }
   p.k_tiles_per_split = int((p.k_tiles + splits - 1) / splits);
   p.splits = int((p.k_tiles + p.k_tiles_per_split - 1) / p.k_tiles_per_split);
-  return {unsigned(n_tiles), unsigned(m_tiles), unsigned(p.splits)};
+  return {unsigned(groups), unsigned(m_tiles), unsigned(p.splits)};
 }
 
 // GEMV, stream-K: the (strip, k-tile) stream cut into one equal range per resident block slot (one wave). Sets
@@ -134,7 +135,7 @@ inline std::vector<std::string> launched_kernel_names() {
   std::vector<std::string> names;
   for (const bool sm70 : {true, false})
     for (const bool nvfp4 : {true, false})
-      for (const int bm : {16, 32, 64}) names.push_back(fused_kernel_name(sm70, nvfp4, bm));
+      for (const int bm : {16, kFusedMaxBlockRows}) names.push_back(fused_kernel_name(sm70, nvfp4, bm));
   for (const bool sm70 : {true, false})
     for (const bool nvfp4 : {true, false})
       for (int m = 1; m <= kGemvMaxM; ++m) names.push_back(gemv_kernel_name(sm70, nvfp4, m));

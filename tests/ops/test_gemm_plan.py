@@ -55,13 +55,38 @@ def test_dequant_chunks_are_the_fewest_equal_ones_within_the_budget(tmp_path):
 def test_configure_gemm_sets_the_cut_overs_and_the_chunk(tmp_path):
     values = _evaluate(tmp_path, [
         "print(gemm_settings().dequant_chunk_bytes)", "print(int(choose_path(16, 0)))",
-        "print(int(choose_path(17, 0)))", "print(int(choose_path(65, 0)))",
+        "print(int(choose_path(17, 0)))", "print(int(choose_path(129, 0)))",
         "configure_gemm(4, 100, 3)",
         "print(gemm_settings().dequant_chunk_bytes)", "print(int(choose_path(4, 0)))", "print(int(choose_path(5, 0)))",
         "print(int(choose_path(100, 0)))", "print(int(choose_path(4, 1)))",
         "configure_gemm(-1, 0, 0)",  # below the smallest allowed values: the defaults again
         "print(gemm_settings().dequant_chunk_bytes)", "print(int(choose_path(16, 0)))",
-        "print(int(choose_path(65, 0)))",
+        "print(int(choose_path(128, 0)))", "print(int(choose_path(129, 0)))",
     ])
     gemv, fused, cublas = 3, 1, 2
-    assert values == [128 * MIB, gemv, fused, cublas, 3 * MIB, gemv, fused, cublas, fused, 128 * MIB, gemv, cublas]
+    assert values == [128 * MIB, gemv, fused, cublas, 3 * MIB, gemv, fused, cublas, fused, 128 * MIB, gemv, fused,
+                      cublas]
+
+
+def test_fused_grid_covers_every_strip_row_and_k_tile_once(tmp_path):
+    """plan_fused: strip groups × m-tiles × splits cover the output and K exactly, with split-K only where a block
+    tile has a semaphore."""
+    rng = random.Random(1)
+    cases = [(rng.randint(1, 600), rng.randint(1, 300), rng.randint(1, 140), rng.choice([132, 264, 160]),
+              rng.choice(["true", "false"])) for _ in range(200)]
+    statements = []
+    for m, n_tiles, k_tiles, slots, sm70 in cases:
+        statements += ["{ GemmParams p{}", f"p.M = {m}", f"p.k_tiles = {k_tiles}",
+                       f"const Grid3 g = plan_fused(p, {n_tiles}, {slots}, {sm70})",
+                       "print(g.x)", "print(g.y)", "print(g.z)", "print(p.k_tiles_per_split)", "print(p.splits)",
+                       f"print(fused_block_rows({m}))", f"print(fused_strips_per_block({sm70}, fused_block_rows({m})))",
+                       "}"]
+    values = _evaluate(tmp_path, statements)
+    for i, (m, n_tiles, k_tiles, _, sm70) in enumerate(cases):
+        groups, m_tiles, splits, per, p_splits, bm, strips = values[7 * i:7 * i + 7]
+        case = (m, n_tiles, k_tiles, sm70)
+        assert bm == (16 if m <= 16 else 32) and strips == (1 if sm70 == "true" and bm == 32 else 2), case
+        assert (groups - 1) * strips < n_tiles <= groups * strips, case
+        assert (m_tiles - 1) * bm < m <= m_tiles * bm, case
+        assert splits == p_splits and (splits - 1) * per < k_tiles <= splits * per, case
+        assert splits == 1 or m_tiles <= 8, case  # one semaphore per (strip group, m-tile ≤ 8)

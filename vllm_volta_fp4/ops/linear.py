@@ -6,7 +6,7 @@ kernel and dequantize + cuBLAS live in C++; Python passes only:
   * ``mma``: the MMA atom (vllm_volta_fp4.ops.extension.default_mma).
   * ``path``: 0 = by M, 1 = fused kernel, 2 = dequantize + cuBLAS, 3 = GEMV for M <= 16 (weights decoded in
     registers into MMA fragments; tests and benchmarks pin one). ``auto`` takes the GEMV for M <= 16
-    (VLLM_VOLTA_FP4_GEMV_MAX_M lowers that; 0 disables it), the fused kernel up to M = 64 and dequantize + cuBLAS
+    (VLLM_VOLTA_FP4_GEMV_MAX_M lowers that; 0 disables it), the fused kernel up to M = 128 and dequantize + cuBLAS
     beyond (VLLM_VOLTA_FP4_CUBLAS_MIN_M). The fused kernel and the GEMV use the MMA atom ``mma`` selects.
 Fake (meta) implementations are registered so torch.compile / vLLM's compilation can trace the ops.
 """
