@@ -1,6 +1,7 @@
 // MMA atoms: how one warp multiplies fp16 tiles held in shared memory on the tensor cores, for Volta (m8n8k4)
-// and Ampere+ (m16n8k16). Shared by the GEMM (weight_gemm.cuh) and the other kernel families. Kernel code only
-// (no torch or host headers): NVRTC compiles it for the sm_70 check.
+// and Ampere+ (m16n8k16): the shared-memory tile products of the attention and Gated-DeltaNet kernels, and the GEMV
+// hooks of the GEMMs (weight_gemm.cuh), which take their A fragments from registers. Kernel code only (no torch or
+// host headers): NVRTC compiles it for the sm_70 check.
 #pragma once
 
 // fp16 values travel as raw bits (uint16_t, or uint32_t holding a pair: low half = lower column) and the
@@ -15,9 +16,9 @@ namespace volta_fp4 {
 // A warp's output is BM × 16 (rows × columns of its strip): out[r][c] += Σ_k A[r][k] · B[c][k]. Each atom says
 // how one k-step reads its fragments from shared memory and where accumulator element `i` of this lane lives;
 // elements come in pairs (i even, i+1) of adjacent columns. A (BM rows) and B (the strip's 16 rows) are both
-// k-contiguous rows RowHalves halves apart (default: the GEMM's x tile [BM][136] and w tile [64][136]; any
-// multiple of 8 works, and RowHalves / 2 ≡ 4 mod 8 words keeps the reads bank-conflict free). load_a and load_b
-// fill the two halves of the fragments separately, so a warp that sweeps several strips with one A reads A once.
+// k-contiguous rows RowHalves halves apart (default kSmemRowHalves = 136; any multiple of 8 works, and
+// RowHalves / 2 ≡ 4 mod 8 words keeps the reads bank-conflict free). load_a and load_b fill the two halves of the
+// fragments separately, so a warp that sweeps several strips with one A reads A once.
 
 // Volta HMMA: mma.sync.aligned.m8n8k4 runs four independent 8×8×4 products, one per quad-pair
 // (lanes q·4…q·4+3 and q·4+16…q·4+19). Quad-pair q takes rows (q & 1)·8 and columns (q >> 1)·8, so one
@@ -70,7 +71,8 @@ struct Sm70Mma {
     col = (quad_pair >> 1) * 8 + (e & 4) + (lane & 2) + (e & 1);
   }
   // ─ GEMV hooks (weight_gemv_kernel and weight_gemm_kernel in weight_gemm.cuh, its "GEMV path" section).
-  // Quad-pair q, row i of the pair, loads record lane slot v = 4i + q; per step two products (rows g, g+8 of the row group: accumulators [r·8 + e]) with B = x[i][c … c+3].
+  // Quad-pair q, row i of the pair, loads record lane slot v = 4i + q; per step two products (rows g, g+8 of the
+  // row group: accumulators [r·8 + e]) with B = x[i][c … c+3].
   static constexpr int kGemvAcc = 16;
   static constexpr int kGemvChains = 1;     // the two products per step are independent already
   static constexpr int kGemvMaxStages = 2;  // 16 accumulators leave registers for 2 tiles in flight (900 GB/s: enough)

@@ -33,7 +33,7 @@
 
 namespace volta_fp4 {
 
-static_assert(kSmemRowHalves == kTileK + 8, "an x/w tile row is one row of the atoms' shared-memory layout");
+static_assert(kSmemRowHalves == kTileK + 8, "a shared x or w tile row is one k-tile and 8 halves of padding");
 
 // E4M3 bytes b0 (bits 0..7) and b1 (bits 16..23) → two fp16 equal to value · 2^-8 (exact: same exponent
 // field width offset by the bias difference 15 - 7, subnormals included).
@@ -196,6 +196,12 @@ __device__ __forceinline__ void store_one(const GemmParams& p, int m, int n, flo
   p.y[int64_t(m) * p.N + n] = uint16_t(float2_to_half2_rn(out, 0.f) & 0xFFFFu);
 }
 
+// Weight stages each warp keeps loaded ahead: what the format's registers per stage and the atom's accumulators allow.
+template <class Mma, class Format>
+__device__ constexpr int ring_stages() {
+  return Format::kGemvStagesInFlight < Mma::kGemvMaxStages ? Format::kGemvStagesInFlight : Mma::kGemvMaxStages;
+}
+
 // Calls f(i, row, m) for each accumulator i of a GEMV-hook accumulator set that this lane stores (after
 // Mma::gemv_reduce): row of the 16-row record and row m (0 … 7) of the 8-row x block it holds.
 template <class Mma, class F>
@@ -238,8 +244,7 @@ __global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMi
     weight_gemv_kernel(const GemmParams p) {
   static_assert(M >= 1 && M <= kGemvMaxM, "GEMV rows");
   constexpr int kXBlocks = (M + 7) / 8;  // blocks of 8 x rows, one B operand (and accumulator set) each
-  constexpr int kRing = Format::kGemvStagesInFlight < Mma::kGemvMaxStages ? Format::kGemvStagesInFlight
-                                                                         : Mma::kGemvMaxStages;
+  constexpr int kRing = ring_stages<Mma, Format>();
   using XFragments = uint4[2][2];  // [h]: x row g, columns h·64 + 16t … +15 of the tile
   struct Stage {
     typename Format::Stage w;
@@ -398,8 +403,7 @@ __global__ void __launch_bounds__(fused_block_threads(Mma::kSm70Atom, BM), 2) we
   constexpr int kBlockThreads = fused_block_threads(Mma::kSm70Atom, BM);
   constexpr int kXBlocks = BM / 8;
   constexpr int kXVectors = BM * (kTileK / 8) / kBlockThreads;  // 16-byte x loads per thread and k-tile
-  constexpr int kRing = Format::kGemvStagesInFlight < Mma::kGemvMaxStages ? Format::kGemvStagesInFlight
-                                                                         : Mma::kGemvMaxStages;
+  constexpr int kRing = ring_stages<Mma, Format>();
   static_assert(BM % 16 == 0 && BM <= kFusedMaxBlockRows, "block rows");
   static_assert(kXVectors >= 1 && kXVectors * kBlockThreads == BM * kTileK / 8, "x tile loads");
   static_assert(fused_smem_bytes(BM) <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");

@@ -30,7 +30,7 @@ enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3
 // supports.
 //
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on an H100 (docs/gemm.md,
-// v11): the fused kernel beats dequantize + cuBLAS on every 27B shape at M = 128 (1.1-1.8×), which wins at M = 256
+// v11): the fused kernel beats dequantize + cuBLAS on every 27B shape at M = 128 (1.1-1.6×), which wins at M = 256
 // (measure on a V100 before moving it).
 constexpr int64_t kDefaultCublasMinM = 129;
 

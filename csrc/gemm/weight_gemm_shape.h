@@ -12,15 +12,16 @@ namespace volta_fp4 {
 constexpr int kTileN = 64;
 constexpr int kTileK = 128;
 constexpr int kThreads = 128;
-constexpr int kWarpN = 16;               // output columns per warp
 constexpr int kMaxSplitMTiles = 8;       // split-K semaphores per row strip (see prepare_*)
 
 // The fused kernel (weight_gemm_kernel<Mma, Format, BM>): BM = 16 or 32 x rows per block, more rows in several
-// m-tiles (a 64-row block ran up to 1.8× slower than two 32-row m-tiles on an H100: docs/gemm.md, v11); 4 warps per
+// m-tiles (a 64-row block ran up to 1.7× slower than two 32-row m-tiles on an H100: docs/gemm.md, v11); 4 warps per
 // 64-row strip and 2 strips per block sharing the x tile, except on sm_70 at BM = 32, where the atom's 16 accumulators
 // per 8 rows need one strip per block to keep 2 blocks resident. Dynamic shared memory: two buffers of BM x rows.
 constexpr int kFusedMaxBlockRows = 32;
-VOLTA_FP4_HOST_DEVICE constexpr int fused_strips_per_block(bool sm70_atom, int bm) { return sm70_atom && bm > 16 ? 1 : 2; }
+VOLTA_FP4_HOST_DEVICE constexpr int fused_strips_per_block(bool sm70_atom, int bm) {
+  return sm70_atom && bm > 16 ? 1 : 2;
+}
 VOLTA_FP4_HOST_DEVICE constexpr int fused_block_threads(bool sm70_atom, int bm) {
   return kThreads * fused_strips_per_block(sm70_atom, bm);
 }
