@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, M > 8 ? kGemvMinBlocksWide : kGemvMi
   }
 }
 
-// ─── Fused path (PATH_FUSED: a server's 17-64 rows, prefill chunks) ────────────────────────────────────────
+// ─── Fused path (PATH_FUSED: a server's 17-128 rows, prefill chunks) ───────────────────────────────────────
 // The GEMV's decode with x as B operands of BM/8 blocks of 8 rows: every decoded A fragment feeds BM/8 MMAs, so the
 // decode cost per weight falls as M grows while the weights are read once and never touch shared memory (the
 // kernel it replaces dequantized each tile into shared memory and read it back with ldmatrix: 0.4-0.6× cuBLAS at
