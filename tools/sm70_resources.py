@@ -107,7 +107,8 @@ def linear_calls(shape) -> list[Call]:
         for m in (1, 8, 16):
             calls.append(Call(f"weight_gemv M={m}, {label} {n}×{k}", weights + FP16 * m * (n + k),
                               math.ceil(m / 8) * n * k / 128))
-        for m, bm in ((64, GEMM_BLOCK_ROWS), (2048, GEMM_BLOCK_ROWS)):
+        for m in (64, 2048):
+            bm = GEMM_BLOCK_ROWS
             strips = math.ceil(m / bm)
             mma = strips * bm * math.ceil(n / GEMM_TILE_N) * GEMM_TILE_N * k / v100.MMA_M8N8K4_MACS
             calls.append(Call(f"weight_gemm BM={bm} M={m}, {label} {n}×{k}", strips * weights + FP16 * m * (n + k),

@@ -26,8 +26,8 @@ enum class Path : int64_t { kAuto = 0, kFused = 1, kDequantCublas = 2, kGemv = 3
 // more MMA per decoded fragment), so its cost per weight hardly grows with M (NVFP4 decode: 11 integer + 4 fp16
 // multiplies per 8 weights; mma.sync: 1 m16n8k16 per 8 weights per lane on sm_80+, 2 m8n8k4 = 8 HMMA steps on
 // sm_70, so ≈ 3.5 issue slots per weight on a V100 with loads and loop, against 10.1 available at full bandwidth).
-// It reads the same bytes as the fused kernel without the shared-memory round trip, so it is taken for every M it
-// supports.
+// The fused kernel decodes the same way; at M = 9-16 the two tie summed over the 27B shapes (the GEMV wins on gate_up,
+// the fused kernel on qkv, down and gdn_in: docs/gemm.md, v11), so the GEMV keeps every M it supports.
 //
 // Where the dequantize + cuBLAS path takes over from the fused kernel (M ≥ this). Measured on an H100 (docs/gemm.md,
 // v11): the fused kernel beats dequantize + cuBLAS on every 27B shape at M = 128 (1.1-1.6×), which wins at M = 256
