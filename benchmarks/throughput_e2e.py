@@ -13,9 +13,11 @@ one token), prefill tok/s and time to first token at 512 and 2048 prompt tokens 
 the GPU kernel time per decoded token at batch 1 (torch profiler, the sum of kernel times: what the step would
 cost without CPU-side overhead), split by kernel family (KERNEL_FAMILIES), beside the wall-clock per token at
 batch 1 (their gap is the host time per step). Medians of repeats; prefix caching off. Every engine runs in vLLM's
-default mode (torch.compile + CUDA graphs), or eager with ``--mode eager``.
+default mode (torch.compile + CUDA graphs), or eager with ``--mode eager``, each in its own Python process (the
+checkpoints are made once, by the parent).
 
     python3 benchmarks/throughput_e2e.py --out results.md --commit abc1234 [--arch qwen3_5] [--layers 8] [--mode eager]
+        [--engines volta_nvfp4,fp16] [--host-profile DIR]
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +45,7 @@ from devkit.engine import (  # noqa: E402
     use_torch_allocator_for_triton,
 )
 from devkit.gpu_time import KERNEL_FAMILIES, gpu_time_per_decode_token  # noqa: E402
+from devkit.host_time import host_profile  # noqa: E402
 from vllm_volta_fp4.testing.greedy import ENGINE_MODES, supported_engine_args  # noqa: E402
 from vllm_volta_fp4.testing.tiny_model import HybridArch, TinyArch, make_checkpoint, qwen3_8_27b  # noqa: E402
 from vllm_volta_fp4.toolkit.convert import convert_to_dense  # noqa: E402
@@ -123,7 +128,8 @@ def timed(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> float
     return statistics.median(samples)
 
 
-def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: int, mode: str) -> dict[str, float]:
+def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: int, mode: str,
+            host_profile_dir: Path | None = None) -> dict[str, float]:
     import torch
     from vllm import LLM
 
@@ -170,6 +176,9 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
             print(f"  decode batch {batch}: {batch * DECODE_TOKENS / seconds:.1f} tok/s", flush=True)
         gpu_time = gpu_time_per_decode_token(llm, [prompt(DECODE_PROMPT)], DECODE_TOKENS)
         results["GPU time per token, batch 1 (µs)"] = gpu_time["all"] * 1e6
+        if host_profile_dir:  # .log: the device call's log archive takes it
+            name = "host-profile-" + "".join(c if c.isalnum() else "-" for c in engine.name) + ".log"
+            host_profile(llm, [prompt(DECODE_PROMPT)], DECODE_TOKENS, host_profile_dir / name)
         # The host-time goal: at batch 1 a decoded token should take little more wall-clock than GPU time.
         results["wall-clock per token, batch 1 (µs)"] = 1e6 / results["decode batch 1 (tok/s)"]
         for family in arch.kernel_families:
@@ -191,9 +200,23 @@ def ratio(metric: str, base: float, other: float) -> str:
     return f"{base / other if lower_is_better else other / base:.2f}×"
 
 
+def measure_in_subprocess(model: Path, engine: Engine, args: argparse.Namespace) -> dict[str, float]:
+    """``measure`` in a fresh Python process: an engine's leftovers in a process (its threads, caches, compiled
+    graphs) slowed the host loop of the engine started after it, and at a few layers that loop is the wall clock."""
+    with tempfile.TemporaryDirectory(prefix="throughput-engine-") as scratch:
+        result = Path(scratch) / "result.json"
+        command = [sys.executable, __file__, "--measure-engine", engine.name, "--model", str(model), "--result",
+                   str(result), "--arch", args.arch, "--repeats", str(args.repeats), "--attention", args.attention,
+                   "--mode", args.mode] + (["--host-profile", str(args.host_profile)] if args.host_profile else [])
+        returncode = subprocess.run(command).returncode
+        if returncode != 0:
+            raise RuntimeError(f"the {engine.name} engine's process failed (exit {returncode}); its log is above")
+        return json.loads(result.read_text())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--commit", default="uncommitted")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="qwen3")
     parser.add_argument("--layers", type=int, default=8)
@@ -202,7 +225,22 @@ def main() -> int:
     parser.add_argument("--mode", choices=sorted(ENGINE_MODES), default="default",
                         help="vLLM's default mode (torch.compile + CUDA graphs) or eager, for every engine")
     parser.add_argument("--workdir", default=None, help="where the checkpoints go (default: a temporary folder)")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated engine names in the order to run them (default: all, as listed)")
+    parser.add_argument("--host-profile", type=Path, metavar="DIR",
+                        help="also write each engine's Python profile of one batch-1 generate there (devkit.host_time)")
+    # one engine's process (measure_in_subprocess)
+    parser.add_argument("--measure-engine", help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    arch = ARCHS[args.arch]
+    engines = {engine.name: engine for engine in arch.engines}
+    order = args.engines.split(",") if args.engines else list(engines)
+    if any(name not in engines for name in order) or len(set(order)) != len(order):
+        parser.error(f"--engines: each of {list(engines)} at most once, got {order}")
+    if not (args.out or args.measure_engine):
+        parser.error("--out is required")
     # in-process engine core: the GDN overrides are registered in this process, and engine_model looks inside
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_VOLTA_FP4_GDN"] = "0"  # our GDN kernels only where an engine asks (Engine.our_gdn)
@@ -214,9 +252,15 @@ def main() -> int:
 
     import vllm_volta_fp4
 
-    use_torch_allocator_for_triton()  # vLLM 0.20.2 installs none for Qwen3.5
-    vllm_volta_fp4.register()
-    arch = ARCHS[args.arch]
+    if args.measure_engine:
+        use_torch_allocator_for_triton()  # vLLM 0.20.2 installs none for Qwen3.5
+        vllm_volta_fp4.register()
+        print(f"{args.measure_engine}:", flush=True)
+        results = measure(args.model, arch, engines[args.measure_engine], args.attention, args.repeats, args.mode,
+                          args.host_profile)
+        args.result.write_text(json.dumps(results))
+        return 0
+
     root = Path(args.workdir or tempfile.mkdtemp(prefix="throughput-"))
     start = time.perf_counter()
     print(f"making a {args.layers}-layer {args.arch} NVFP4 checkpoint at Qwen3.8-27B widths on the GPU …", flush=True)
@@ -224,17 +268,17 @@ def main() -> int:
     torch.cuda.empty_cache()
     print(f"dequantizing it to fp16 … ({time.perf_counter() - start:.0f} s so far)", flush=True)
     dense = convert_to_dense(quantized, root / "fp16", dtype=torch.float16, verify=False, device="cuda")
+    torch.cuda.empty_cache()
     print(f"checkpoints ready in {time.perf_counter() - start:.0f} s", flush=True)
 
-    columns = {}
-    for engine in arch.engines:
-        print(f"{engine.name}:", flush=True)
-        columns[engine.name] = measure(quantized if engine.quantized else dense, arch, engine, args.attention,
-                                       args.repeats, args.mode)
+    if args.host_profile:
+        args.host_profile.mkdir(parents=True, exist_ok=True)
+    columns = {name: measure_in_subprocess(quantized if engines[name].quantized else dense, engines[name], args)
+               for name in order}
 
     size = {name: sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e9
             for name, path in (("fp16", dense), ("volta_nvfp4", quantized))}
-    names = [engine.name for engine in arch.engines]
+    names = [name for name in engines if name in columns]  # the table's order, whatever order they ran in
     pairs = [(base, other) for index, base in enumerate(names) for other in names[index + 1:]]
     lines = [
         f"# vLLM throughput with the plugin, {args.arch} — {torch.cuda.get_device_name(0)}",
@@ -244,7 +288,8 @@ def main() -> int:
         f"- model: {arch.describe(args.layers)}; vocabulary 384 (so the layers, not the lm_head, dominate), random "
         f"weights. NVFP4 as compressed-tensors W4A16 ({size['volta_nvfp4']:.2f} GB; what real exports leave in 16 "
         f"bits stays so) vs the same weights dequantized to fp16 ({size['fp16']:.2f} GB).",
-        "- engines (columns): " + "; ".join(f"**{engine.name}**: {engine.what}" for engine in arch.engines) + ".",
+        "- engines (columns): " + "; ".join(f"**{name}**: {engines[name].what}" for name in names)
+        + f"; each in its own process, in the order {', '.join(order)}.",
         f"- engine settings: fp16, attention backend {args.attention} for all, "
         + ("vLLM's default mode (torch.compile + CUDA graphs" if args.mode == "default" else "eager (no CUDA graphs")
         + "; vLLM's native custom ops: its pure-Python kit), prefix caching off, one prefill step "

@@ -101,9 +101,10 @@ __device__ __forceinline__ void combine_over_warps(float (&value)[2], float* row
 
 __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
 
+// The first row tile of sequence seq, from its first token query_start_loc[seq].
 template <int BlockRows>
-__device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq) {
-  return int(int64_t(p.query_start_loc[seq]) * p.group / BlockRows) + seq;
+__device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq, int first_token) {
+  return int(int64_t(first_token) * p.group / BlockRows) + seq;
 }
 
 // Offset (in halves) of head dim `col` of tile row `row` in a Q/K tile stored as panels of 128 dims.
@@ -137,18 +138,28 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 
   // The block's sequence: the last one whose first row tile is at or before this block. tile_base increases with the
   // sequence, so that is the count of such sequences minus one, counted by all threads at once: one round of loads
-  // per 128 sequences (a binary search is a chain of log2(num_seqs) dependent loads before any other work).
+  // per 128 sequences (a binary search is a chain of log2(num_seqs) dependent loads before any other work). Each
+  // thread reads its sequence's query range and length in the same round, and the one whose sequence it is publishes
+  // them (the count's barrier makes them visible), so the lengths cost no second round trip after the count.
+  __shared__ int found[3];  // query_start_loc[seq], query_start_loc[seq + 1], seq_lens[seq]
   int seq = -1;
   for (int s0 = 0; s0 < p.num_seqs; s0 += kThreadsPerBlock) {
     const int s = s0 + tid;
-    seq += __syncthreads_count(s < p.num_seqs && tile_base<BlockRows>(p, s) <= int(blockIdx.x));
+    bool at_or_before = false;
+    if (s < p.num_seqs) {
+      const int begin = p.query_start_loc[s], end = p.query_start_loc[s + 1], length = p.seq_lens[s];
+      at_or_before = tile_base<BlockRows>(p, s, begin) <= int(blockIdx.x);
+      if (at_or_before && (s + 1 == p.num_seqs || tile_base<BlockRows>(p, s + 1, end) > int(blockIdx.x)))
+        found[0] = begin, found[1] = end, found[2] = length;
+    }
+    seq += __syncthreads_count(at_or_before);
   }
-  const int q_begin = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_begin;
+  const int q_begin = found[0];
+  const int q_len = found[1] - q_begin;
   const int rows = q_len * p.group;
-  const int row0 = (int(blockIdx.x) - tile_base<BlockRows>(p, seq)) * BlockRows;
+  const int row0 = (int(blockIdx.x) - tile_base<BlockRows>(p, seq, q_begin)) * BlockRows;
   if (row0 >= rows) return;
-  const int seq_len = p.seq_lens[seq];
+  const int seq_len = found[2];
   const int context = seq_len - q_len;
   const int* blocks = p.block_table + int64_t(seq) * p.block_table_stride;
 
