@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from devkit.engine import (  # noqa: E402
     engine_model,
     gdn_layers_on_our_kernels,
-    uninstall_gdn_overrides,
     use_torch_allocator_for_triton,
 )
 from devkit.gpu_time import KERNEL_FAMILIES, gpu_time_per_decode_token  # noqa: E402
@@ -142,15 +141,12 @@ def measure(model: Path, arch: Arch, engine: Engine, attention: str, repeats: in
                 "attention_backend": attention, **arch.engine_args}
     if engine.quantized:
         settings["quantization"] = "volta_nvfp4"
-    # vLLM looks its out-of-tree registry up when it builds the model, so the overrides apply to this engine only;
-    # without our GDN ops they would silently defer to vLLM's kernels and the column would be a copy.
+    # The overrides stay in this engine's process (measure_in_subprocess); without our GDN ops they would silently
+    # defer to vLLM's kernels and the column would be a copy.
     if engine.our_gdn and not (gdn.kernels_available() and gdn_layer.install()):
         raise RuntimeError("vllm_volta_fp4's GDN kernels cannot run here (extension without GDN ops, or no GDN layer "
                            "in this vLLM)")
-    try:
-        llm = LLM(**supported_engine_args(settings))
-    finally:
-        uninstall_gdn_overrides()  # the engines built after this one get vLLM's own GDN classes
+    llm = LLM(**supported_engine_args(settings))
     generator = torch.Generator().manual_seed(0)
 
     def prompt(length: int) -> list[int]:
