@@ -147,11 +147,25 @@ def sweep_case(model: tuple, batch_size: int, context: int, repeats: int, bandwi
     return row
 
 
+def timing_floor(model: tuple, repeats: int, bandwidth: float) -> str:
+    """What this timing gives for (almost) no work: one and two tiny kernels in a row, and our decode of one cached
+    token — the fixed cost a short decode call cannot go below, against which the ≤ 10 µs goal is read."""
+    tiny = torch.empty(model[1] * model[3], dtype=torch.float16, device="cuda")
+    one_us = median_ms(lambda: tiny.fill_(0), repeats, hide_launch=True) * 1e3
+    two_us = median_ms(lambda: (tiny.fill_(0), tiny.fill_(1)), repeats, hide_launch=True) * 1e3
+    row = sweep_case(model, 1, 1, repeats, bandwidth)
+    return (f"Timing floor (same method): one tiny kernel (a {tiny.numel()}-element fill) {one_us:.1f} µs, two in a "
+            f"row {two_us:.1f} µs; our decode of {model[0]} over 1 cached token, batch 1: {row['eager_us']:.1f} µs "
+            f"with one split (one launch), {row['graph_us']:.1f} µs with the graph's split count (empty splits + the "
+            "combine launch).")
+
+
 def decode_sweep(args, repeats: int) -> str:
     bandwidth = copy_bandwidth()
     models = [model for model in SWEEP_MODELS if args.sweep_shape in model[0]]
     for model in models:  # each shape against SDPA once, on a dense-referenced batch
         run_case("decode", model, 2, 300, 3)
+    floor = timing_floor(models[0], repeats, bandwidth)
     rows = [sweep_case(model, batch, context, repeats, bandwidth)
             for model in models for batch in SWEEP_BATCHES for context in SWEEP_CONTEXTS]
     lines = [f"# Paged attention decode sweep — {torch.cuda.get_device_name()}", "",
@@ -161,6 +175,7 @@ def decode_sweep(args, repeats: int) -> str:
              f"{max(SWEEP_CONTEXTS)} (what a FULL CUDA graph passes); best: the fastest forced split count (the "
              "kernel clamps counts above the context's KV tiles, so short contexts repeat a time). "
              f"HBM: the KV bytes' rate against a device copy in the same run ({bandwidth / 1e12:.2f} TB/s).", "",
+             floor, "",
              "| shape | batch | context | eager µs | graph µs | best µs (splits) | eager HBM | graph HBM | best HBM |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -173,18 +173,20 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int tile_end = min(tiles_end, tile_first + tiles_per_split);
 
   // Q tile → smem (rows past the sequence are zero). A split without KV tiles (short contexts under a split count
-  // chosen for long ones, as in a CUDA graph) only writes its empty partials.
-  const int q_vectors = tile_first < tile_end ? BlockRows * kChunks : 0;
-  for (int v = tid; v < q_vectors; v += kThreadsPerBlock) {
-    const int r = v / kChunks, c = (v % kChunks) * 8, row = row0 + r;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (row < rows) {
-      const int token = q_begin + row / p.group, head = kv_head * p.group + row % p.group;
-      value = *reinterpret_cast<const uint4*>(p.query + token * p.q_token_stride + head * p.q_head_stride + c);
-    }
-    *reinterpret_cast<uint4*>(q_smem + panel_offset<BlockRows>(r, c)) = value;
-  }
-
+  // chosen for long ones, as in a CUDA graph) only writes its empty partials. A thread's vectors are requested
+  // kQInFlight at a time before any is stored: stored one by one, each load waited behind the previous store, a chain
+  // of 4 round trips at head_dim 256 before the first keys (a short decode call is such chains).
+  constexpr int kQVectorsPerThread = BlockRows * kChunks / kThreadsPerBlock;
+  constexpr int kQInFlight = kQVectorsPerThread < 4 ? kQVectorsPerThread : 4;
+  static_assert(kQVectorsPerThread % kQInFlight == 0, "Q vectors come in groups of kQInFlight");
+  const bool has_tiles = tile_first < tile_end;
+  auto q_vector = [&](int v) {  // vector v of the tile: row v / kChunks, dims (v % kChunks)·8 …
+    const int row = row0 + v / kChunks;
+    const int token = q_begin + row / p.group, head = kv_head * p.group + row % p.group;
+    return row < rows ? *reinterpret_cast<const uint4*>(p.query + token * p.q_token_stride +
+                                                        head * p.q_head_stride + (v % kChunks) * 8)
+                      : make_uint4(0, 0, 0, 0);
+  };
   // This lane's two rows: validity and query position. The warp's first row, its first key strip of S and its first
   // 16-dim strip of O (decode blocks: all warps have the block's rows).
   const int warp_row0 = kDecode ? 0 : warp * kWarpRows;
@@ -241,8 +243,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     return int64_t(block) * p.cache_block_stride + int64_t((key0 + thread_key) % p.block_size) * p.cache_slot_stride +
            head_offset;
   };
+  // The first tile's block number is requested before Q, so that the two round trips overlap.
   bool kv_row_visible = key_visible(tile_first * kTileKeys);
-  int64_t kv_row = cache_row(tile_first * kTileKeys, cache_block(tile_first * kTileKeys));
+  int64_t kv_row = cache_row(tile_first * kTileKeys, has_tiles ? cache_block(tile_first * kTileKeys) : 0);
+  if (has_tiles) {
+#pragma unroll 1
+    for (int v0 = 0; v0 < kQVectorsPerThread; v0 += kQInFlight) {
+      uint4 loaded[kQInFlight];
+#pragma unroll
+      for (int i = 0; i < kQInFlight; ++i) loaded[i] = q_vector(tid + (v0 + i) * kThreadsPerBlock);
+#pragma unroll
+      for (int i = 0; i < kQInFlight; ++i) {
+        const int v = tid + (v0 + i) * kThreadsPerBlock;
+        *reinterpret_cast<uint4*>(q_smem + panel_offset<BlockRows>(v / kChunks, (v % kChunks) * 8)) = loaded[i];
+      }
+    }
+  }
   auto vector_dim = [&](int j) { return ((tid + j * kThreadsPerBlock) / kTileKeys) * 8; };
   auto load_vector = [&](const uint16_t* cache, int j) {
     return kv_row_visible ? *reinterpret_cast<const uint4*>(cache + kv_row + vector_dim(j)) : make_uint4(0, 0, 0, 0);
@@ -255,28 +271,37 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 #pragma unroll
     for (int e = 0; e < 8; ++e) kv_smem[vt_offset(vector_dim(j) + e, thread_key)] = halves[e];
   };
-  // The vectors past the staged ones (of the keys, or of the values): kInFlight loads issued, then their stores.
-  auto load_and_store_unstaged = [&](bool values) {
+  uint4 staged[kStaged > 0 ? kStaged : 1];
+  // A tile's vectors (keys or values) → smem. The first kInFlight past the staged ones are requested before the
+  // staged ones are stored (a store waits for its staged load), so that those round trips overlap; the rest follow
+  // kInFlight at a time.
+  auto store_tile = [&](bool values) {
+    const uint16_t* cache = values ? p.value_cache : p.key_cache;
+    auto store = [&](int j, const uint4& value) { values ? store_value_vector(j, value) : store_key_vector(j, value); };
 #pragma unroll 1  // one group in flight: unrolled, the compiler hoists the next group's loads and spills on Volta
     for (int j0 = kStaged; j0 < kVectorsPerThread; j0 += kInFlight) {
       uint4 loaded[kInFlight];
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) loaded[i] = load_vector(values ? p.value_cache : p.key_cache, j0 + i);
+      for (int i = 0; i < kInFlight; ++i) loaded[i] = load_vector(cache, j0 + i);
+      if (j0 == kStaged) {
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) values ? store_value_vector(j0 + i, loaded[i])
-                                                 : store_key_vector(j0 + i, loaded[i]);
+        for (int j = 0; j < kStaged; ++j) store(j, staged[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) store(j0 + i, loaded[i]);
+    }
+    if constexpr (kStaged == kVectorsPerThread) {
+#pragma unroll
+      for (int j = 0; j < kStaged; ++j) store(j, staged[j]);
     }
   };
-  uint4 staged[kStaged > 0 ? kStaged : 1];
 #pragma unroll
   for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.key_cache, j);
 
   for (int tile = tile_first; tile < tile_end; ++tile) {
     const int key0 = tile * kTileKeys;
     __syncthreads();  // the previous tile's Vᵀ has been read (and, on the first tile, Q is stored)
-#pragma unroll
-    for (int j = 0; j < kStaged; ++j) store_key_vector(j, staged[j]);
-    load_and_store_unstaged(false);
+    store_tile(false);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.value_cache, j);
@@ -348,9 +373,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     }
     __syncthreads();  // every warp is done with the keys
 
-#pragma unroll
-    for (int j = 0; j < kStaged; ++j) store_value_vector(j, staged[j]);
-    load_and_store_unstaged(true);
+    store_tile(true);
     __syncthreads();
     if (tile + 1 < tile_end) {
       kv_row_visible = key_visible(key0 + kTileKeys);
