@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   // Q tile → smem (rows past the sequence are zero). A split without KV tiles (short contexts under a split count
   // chosen for long ones, as in a CUDA graph) only writes its empty partials. A thread's vectors are requested
   // kQInFlight at a time before any is stored: stored one by one, each load waited behind the previous store, a chain
-  // of 4 round trips at head_dim 256 before the first keys (a short decode call is such chains).
+  // of 4 round trips at head_dim 256 before the first keys.
   constexpr int kQVectorsPerThread = BlockRows * kChunks / kThreadsPerBlock;
   constexpr int kQInFlight = kQVectorsPerThread < 4 ? kQVectorsPerThread : 4;
   static_assert(kQVectorsPerThread % kQInFlight == 0, "Q vectors come in groups of kQInFlight");
