@@ -266,10 +266,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   auto store_key_vector = [&](int j, const uint4& value) {
     *reinterpret_cast<uint4*>(kv_smem + panel_offset<kTileKeys>(thread_key, vector_dim(j))) = value;
   };
+  // Values: the SM80 atom reads B fragments of V transposed by ldmatrix, so values are stored like keys (one 16-byte
+  // store per vector); the SM70 atom has no such load and reads Vᵀ, stored 2 bytes at a time. Those transposed stores
+  // were ~half of a decode block's instructions per tile at head_dim 256 (128 per thread and their addresses).
+  constexpr bool kValuesKeyMajor = !Mma::kSm70Atom;
   auto store_value_vector = [&](int j, const uint4& value) {
-    const uint16_t* halves = reinterpret_cast<const uint16_t*>(&value);
+    if constexpr (kValuesKeyMajor) {
+      store_key_vector(j, value);
+    } else {
+      const uint16_t* halves = reinterpret_cast<const uint16_t*>(&value);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) kv_smem[vt_offset(vector_dim(j) + e, thread_key)] = halves[e];
+      for (int e = 0; e < 8; ++e) kv_smem[vt_offset(vector_dim(j) + e, thread_key)] = halves[e];
+    }
   };
   uint4 staged[kStaged > 0 ? kStaged : 1];
   // A tile's vectors (keys or values) → smem. The first kInFlight past the staged ones are requested before the
@@ -388,8 +396,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 #pragma unroll
         for (int n = 0; n < kWarpStrips; ++n) {
           typename Mma::template Frags<kWarpRows> f;
-          // The atom reads P and Vᵀ at the same column k; Vᵀ's column offset for dims ≥ 128 is in the pointer.
-          Mma::template load<kWarpRows>(f, p_warp, kv_smem + vt_offset((dim_strip0 + n) * 16, 0), k, lane);
+          const int dim0 = (dim_strip0 + n) * 16;
+          if constexpr (kValuesKeyMajor) {  // V as stored: key rows, the strip's 16 dims in panel dim0 / 128
+            Mma::template load_a<kWarpRows>(f, p_warp, k, lane);
+            Mma::template load_b_k_major<kWarpRows>(f, kv_smem + panel_offset<kTileKeys>(0, dim0), k, lane);
+          } else {  // the atom reads P and Vᵀ at the same column k; Vᵀ's column offset for dims ≥ 128 is in the pointer
+            Mma::template load<kWarpRows>(f, p_warp, kv_smem + vt_offset(dim0, 0), k, lane);
+          }
           Mma::template mma<kWarpRows>(o[n], f);
         }
     }

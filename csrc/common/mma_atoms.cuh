@@ -122,6 +122,18 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* ro
 #endif
 }
 
+// ldmatrix.x4.trans: the same four matrices, each transposed on the way (lane l: row l % 8 of matrix l / 8 as stored).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* row_address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // the host never selects the SM80 atom below compute capability 8.0
+#endif
+}
+
 struct Sm80Mma {
   static constexpr bool kSm70Atom = false;
   static constexpr int kK = 16;
@@ -147,6 +159,13 @@ struct Sm80Mma {
                                               int lane) {
     load_a<BM, RowHalves>(f, sx, k, lane);
     load_b<BM, RowHalves>(f, sw_strip, k, lane);
+  }
+  // B of the same 16 columns from a [k][column] tile (rows k, the 16 columns contiguous from sw_col), transposed by
+  // ldmatrix: what load_b reads from a [column][k] tile, without storing the transpose.
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_b_k_major(Frags<BM>& f, const uint16_t* sw_col, int k, int lane) {
+    const int matrix = lane >> 3, row = lane & 7;
+    ldmatrix_x4_trans(f.b, sw_col + (k + (matrix & 1) * 8 + row) * RowHalves + (matrix >> 1) * 8);
   }
   template <int BM>
   __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {

@@ -22,6 +22,8 @@ using CUfunction = void*;
 constexpr int kAttrMultiprocessorCount = 16;        // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 constexpr int kAttrComputeCapabilityMajor = 75;     // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 constexpr int kAttrComputeCapabilityMinor = 76;     // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+constexpr int kAttrSharedMemoryPerSm = 81;         // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+constexpr int kAttrReservedSharedPerBlock = 111;   // CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK
 constexpr int kFuncMaxDynamicSharedSize = 8;        // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kFuncPreferredSharedCarveout = 9;     // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 constexpr int kCarveoutMaxShared = 100;             // CU_SHAREDMEM_CARVEOUT_MAX_SHARED
@@ -190,6 +192,8 @@ void Kernel::launch(Dim3 grid, unsigned threads, unsigned dynamic_smem, Stream s
 }
 
 int multiprocessor_count(int device) { return attribute(device, kAttrMultiprocessorCount); }
+int shared_memory_per_multiprocessor(int device) { return attribute(device, kAttrSharedMemoryPerSm); }
+int reserved_shared_memory_per_block(int device) { return attribute(device, kAttrReservedSharedPerBlock); }
 int compute_capability_major(int device) { return attribute(device, kAttrComputeCapabilityMajor); }
 
 std::string kernel_origin(int device) {

@@ -30,6 +30,8 @@ class Kernel {
 };
 
 int multiprocessor_count(int device);
+int shared_memory_per_multiprocessor(int device);  // bytes
+int reserved_shared_memory_per_block(int device);  // bytes the system keeps per resident block
 int compute_capability_major(int device);
 
 // Where this device's kernels come from: "sm_70 machine code (shipped)", "PTX compute_80 (JIT for sm_90)", or

@@ -79,3 +79,25 @@ def test_busy_tiles_within_the_grid_and_splits_within_one_wave(tmp_path):
         heads, slots = shape[4], shape[6]
         assert 1 <= busy <= grid, shape
         assert splits == 1 or busy * heads * splits <= slots, shape
+
+
+# Shared memory per SM and reserved bytes per block: (what, bytes per SM, reserved per block). Hopper / Ampere / Ada
+# / Volta, as their CUDA device attributes report them.
+SMS = [("H100/H200", 233472, 1024), ("A100", 167936, 1024), ("RTX 4090", 102400, 1024), ("V100", 98304, 0)]
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("what,smem_per_sm,reserved", SMS, ids=[s[0] for s in SMS])
+def test_decode_smem_request_caps_residency(tmp_path, head_size, what, smem_per_sm, reserved):
+    """The request never falls below the plan; with it, at most decode_max_blocks_per_sm blocks fit by shared memory,
+    and exactly that many where the SM has room for them (allocation in 128-byte units, as the hardware rounds)."""
+    plan = f"attention_smem_bytes({head_size}, kDecodeRows)"
+    cap = f"decode_max_blocks_per_sm({head_size})"
+    plan_bytes, max_blocks, request = _evaluate(
+        tmp_path, [plan, cap, f"smem_request_for_residency({plan}, {cap}, {smem_per_sm}, {reserved})"])
+    per_block = -(-(request + reserved) // 128) * 128
+    fitting = smem_per_sm // per_block
+    assert request >= plan_bytes
+    assert fitting <= max_blocks, (what, request, fitting)
+    if max_blocks * (-(-(plan_bytes + reserved) // 128) * 128) <= smem_per_sm:
+        assert fitting == max_blocks, (what, request, fitting)
