@@ -29,7 +29,8 @@
 //
 // ─── Block (4 warps, R = 64 or 16 rows, 64-key tiles) ───────────────────────────────────────────────────────
 // Per KV tile: keys → smem; S = Q·Kᵀ (fp32); mask; online softmax in fp32 in registers (row max and rescale, exp2
-// with the scale folded in); P → smem as fp16; values → smem transposed (Vᵀ, keys contiguous); O += P·V.
+// with the scale folded in); P → smem as fp16; values → smem (SM70 atom: transposed, Vᵀ with keys contiguous; SM80
+// atom: like keys, read transposed by ldmatrix); O += P·V.
 // Prefill blocks (R = 64): warp w owns rows 16w … 16w+15, all 64 keys of S and all head dims of O, so softmax
 //   statistics never leave the warp.
 // Decode blocks (R = 16, the host's choice for batches of few rows per sequence: one token's heads of a GQA group, or
