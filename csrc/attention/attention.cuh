@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 
   for (int tile = tile_first; tile < tile_end; ++tile) {
     const int key0 = tile * kTileKeys;
-    __syncthreads();  // the previous tile's Vᵀ has been read (and, on the first tile, Q is stored)
+    __syncthreads();  // the previous tile's values have been read (and, on the first tile, Q is stored)
     store_tile(false);
     __syncthreads();
 #pragma unroll

@@ -110,25 +110,21 @@ struct Sm70Mma {
 };
 
 // Ampere+ mma.sync.aligned.m16n8k16; two per k-step cover the warp's 16 columns. Fragments come from
-// ldmatrix.x4 (four 8×8 matrices per instruction; lane l gives the address of row l % 8 of matrix l / 8).
+// ldmatrix.x4 (four 8×8 matrices per instruction; lane l gives the address of row l % 8 of matrix l / 8); with
+// kTranspose (.trans) each matrix is transposed on the way.
+template <bool kTranspose = false>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row_address) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-#elif defined(__CUDA_ARCH__)
-  __trap();  // the host never selects the SM80 atom below compute capability 8.0
-#endif
-}
-
-// ldmatrix.x4.trans: the same four matrices, each transposed on the way (lane l: row l % 8 of matrix l / 8 as stored).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* row_address) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
+  if constexpr (kTranspose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();  // the host never selects the SM80 atom below compute capability 8.0
 #endif
@@ -165,7 +161,7 @@ struct Sm80Mma {
   template <int BM, int RowHalves = kSmemRowHalves>
   __device__ __forceinline__ static void load_b_k_major(Frags<BM>& f, const uint16_t* sw_col, int k, int lane) {
     const int matrix = lane >> 3, row = lane & 7;
-    ldmatrix_x4_trans(f.b, sw_col + (k + (matrix & 1) * 8 + row) * RowHalves + (matrix >> 1) * 8);
+    ldmatrix_x4<true>(f.b, sw_col + (k + (matrix & 1) * 8 + row) * RowHalves + (matrix >> 1) * 8);
   }
   template <int BM>
   __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {

@@ -95,9 +95,11 @@ def test_decode_smem_request_caps_residency(tmp_path, head_size, what, smem_per_
     cap = f"decode_max_blocks_per_sm({head_size})"
     plan_bytes, max_blocks, request = _evaluate(
         tmp_path, [plan, cap, f"smem_request_for_residency({plan}, {cap}, {smem_per_sm}, {reserved})"])
-    per_block = -(-(request + reserved) // 128) * 128
-    fitting = smem_per_sm // per_block
+    def allocated(request_bytes: int) -> int:  # what a resident block takes of the SM
+        return -(-(request_bytes + reserved) // 128) * 128
+
+    fitting = smem_per_sm // allocated(request)
     assert request >= plan_bytes
     assert fitting <= max_blocks, (what, request, fitting)
-    if max_blocks * (-(-(plan_bytes + reserved) // 128) * 128) <= smem_per_sm:
+    if max_blocks * allocated(plan_bytes) <= smem_per_sm:
         assert fitting == max_blocks, (what, request, fitting)
