@@ -105,7 +105,7 @@ __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xf
 // The first row tile of sequence seq, from its first token query_start_loc[seq].
 template <int BlockRows>
 __device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq, int first_token) {
-  return int(int64_t(first_token) * p.group / BlockRows) + seq;
+  return int(int64_t(first_token) * p.group.divisor / BlockRows) + seq;
 }
 
 // Offset (in halves) of head dim `col` of tile row `row` in a Q/K tile stored as panels of 128 dims.
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   }
   const int q_begin = found[0];
   const int q_len = found[1] - q_begin;
-  const int rows = q_len * p.group;
+  const int rows = q_len * int(p.group.divisor);
   const int row0 = (int(blockIdx.x) - tile_base<BlockRows>(p, seq, q_begin)) * BlockRows;
   if (row0 >= rows) return;
   const int seq_len = found[2];
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int* blocks = p.block_table + int64_t(seq) * p.block_table_stride;
 
   // Keys any row of this block can see, as KV tiles; this split takes its share of them.
-  const int first_pos = context + row0 / p.group;
-  const int last_pos = context + (min(row0 + BlockRows, rows) - 1) / p.group;
+  const int first_pos = context + fast_quotient(p.group, row0);
+  const int last_pos = context + fast_quotient(p.group, min(row0 + BlockRows, rows) - 1);
   const int key_begin = p.window > 0 ? max(0, first_pos - p.window + 1) : 0;
   const int tiles_begin = key_begin / kTileKeys, tiles_end = (last_pos + kTileKeys) / kTileKeys;
   const int tiles_per_split = (max(tiles_end - tiles_begin, 0) + p.splits - 1) / p.splits;
@@ -183,7 +183,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const bool has_tiles = tile_first < tile_end;
   auto q_vector = [&](int v) {  // vector v of the tile: row v / kChunks, dims (v % kChunks)·8 …
     const int row = row0 + v / kChunks;
-    const int token = q_begin + row / p.group, head = kv_head * p.group + row % p.group;
+    int head_in_group;
+    const int token = q_begin + fast_divmod(p.group, row, head_in_group);
+    const int head = kv_head * int(p.group.divisor) + head_in_group;
     return row < rows ? *reinterpret_cast<const uint4*>(p.query + token * p.q_token_stride +
                                                         head * p.q_head_stride + (v % kChunks) * 8)
                       : make_uint4(0, 0, 0, 0);
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     Mma::acc_coord(lane, 2 * slot, row_in_warp[slot], col);
     const int row = row0 + warp_row0 + row_in_warp[slot];
     row_valid[slot] = row < rows;
-    row_pos[slot] = context + row / p.group;
+    row_pos[slot] = context + fast_quotient(p.group, row);
   }
   const bool warp_has_rows = row0 + warp_row0 < rows;
 
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   // tile's keys during P·V), the rest when stored, kInFlight at a time. Decode blocks stage all of them (half at
   // head_dim 256, where all spill on sm_70). Prefill blocks at head_dim 256 stage none: their O accumulators hold the
   // registers, and staging even one vector measured slower on the H200.
-  // Vector j of a thread, keys and values alike: key tid % 64 of the tile, dims ((tid + 128 j) / 64)·8 … +7. One key
+  // Vector j of a thread, keys and values alike: key tid % 64 of the tile, dims (tid / 64)·8 + 16 j … +7. One key
   // per thread means one block-table lookup per tile instead of one per vector (each lookup is a dependent global load
   // before the vector's own: at head_dim 256 these chains were most of a short decode call); the next tile's block
   // number is read with this tile's values, a phase before the next keys need it. Lanes take consecutive keys, so
@@ -233,16 +235,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   constexpr int kInFlight = kDecode ? 4 : 2;
   static_assert((kVectorsPerThread - kStaged) % kInFlight == 0, "unstaged vectors come in groups of kInFlight");
   const int thread_key = tid % kTileKeys;
+  // A thread's first dim is below the stride between its vectors, which divides a panel, so a vector's global and
+  // shared addresses are a per-thread base plus a constant per vector (immediate offsets, no address arithmetic).
+  constexpr int kVectorStride = kThreadsPerBlock / kTileKeys * 8;
+  static_assert(kPanelCols % kVectorStride == 0, "a thread's vectors stay inside a panel");
+  const int thread_dim0 = tid / kTileKeys * 8;
   // Keys before key_begin are invisible to every row here, and vLLM may have freed their blocks (sliding window):
   // zeros instead of whatever the block table points at keep P·V free of NaN. Keys past seq_len have no block.
   auto key_visible = [&](int key0) {
     const int key = key0 + thread_key;
     return key >= key_begin && key < seq_len;
   };
-  auto cache_block = [&](int key0) { return key_visible(key0) ? blocks[(key0 + thread_key) / p.block_size] : 0; };
+  auto cache_block = [&](int key0) {
+    return key_visible(key0) ? blocks[fast_quotient(p.block_size, key0 + thread_key)] : 0;
+  };
   auto cache_row = [&](int key0, int block) {
-    return int64_t(block) * p.cache_block_stride + int64_t((key0 + thread_key) % p.block_size) * p.cache_slot_stride +
-           head_offset;
+    int slot;
+    fast_divmod(p.block_size, key0 + thread_key, slot);
+    return int64_t(block) * p.cache_block_stride + int64_t(slot) * p.cache_slot_stride + head_offset;
   };
   // The first tile's block number is requested before Q, so that the two round trips overlap.
   bool kv_row_visible = key_visible(tile_first * kTileKeys);
@@ -260,12 +270,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       }
     }
   }
-  auto vector_dim = [&](int j) { return ((tid + j * kThreadsPerBlock) / kTileKeys) * 8; };
   auto load_vector = [&](const uint16_t* cache, int j) {
-    return kv_row_visible ? *reinterpret_cast<const uint4*>(cache + kv_row + vector_dim(j)) : make_uint4(0, 0, 0, 0);
+    const uint16_t* thread_row = cache + kv_row + thread_dim0;
+    return kv_row_visible ? *reinterpret_cast<const uint4*>(thread_row + j * kVectorStride) : make_uint4(0, 0, 0, 0);
   };
+  uint16_t* const key_smem_thread = kv_smem + panel_offset<kTileKeys>(thread_key, thread_dim0);
   auto store_key_vector = [&](int j, const uint4& value) {
-    *reinterpret_cast<uint4*>(kv_smem + panel_offset<kTileKeys>(thread_key, vector_dim(j))) = value;
+    *reinterpret_cast<uint4*>(key_smem_thread + panel_offset<kTileKeys>(0, j * kVectorStride)) = value;
   };
   // Values: the SM80 atom reads B fragments of V transposed by ldmatrix, so values are stored like keys (one 16-byte
   // store per vector); the SM70 atom has no such load and reads Vᵀ, stored 2 bytes at a time. Those transposed stores
@@ -277,7 +288,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     } else {
       const uint16_t* halves = reinterpret_cast<const uint16_t*>(&value);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) kv_smem[vt_offset(vector_dim(j) + e, thread_key)] = halves[e];
+      for (int e = 0; e < 8; ++e)
+        kv_smem[vt_offset(thread_dim0 + e, thread_key) + vt_offset(j * kVectorStride, 0)] = halves[e];
     }
   };
   uint4 staged[kStaged > 0 ? kStaged : 1];
@@ -321,9 +333,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       for (int n = 0; n < kWarpKeyStrips; ++n)
 #pragma unroll
         for (int i = 0; i < 8; ++i) s[n][i] = 0.f;
-      // k outside and partly rolled, strips inside: the Q fragment is shared by the strips, and the registers
-      // stay with the accumulators instead of prefetched fragments (head_dim 256 on Volta).
-#pragma unroll 2
+      // k outside, strips inside: the Q fragment is shared by the strips. Prefill blocks keep the k loop partly
+      // rolled, so that the registers stay with the accumulators instead of prefetched fragments (head_dim 256 on
+      // Volta); decode blocks (one strip, a quarter of O) unroll it, which makes every fragment address a constant.
+#pragma unroll(kDecode ? HeadDim / Mma::kK : 2)
       for (int k = 0; k < HeadDim; k += Mma::kK) {
         const int panel = k / kPanelCols;
 #pragma unroll
@@ -392,7 +405,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     }
 
     if (warp_has_rows) {
-#pragma unroll 2
+#pragma unroll(kDecode ? kTileKeys / Mma::kK : 2)
       for (int k = 0; k < kTileKeys; k += Mma::kK)
 #pragma unroll
         for (int n = 0; n < kWarpStrips; ++n) {
@@ -421,6 +434,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     lse[slot] = total[slot] > 0.f ? row_max[slot] + log2f(total[slot]) : negative_infinity();
   }
   if (!warp_has_rows) return;
+  // Where this lane's two rows go, computed once: their row of out (one split) or their (split, token, head) index of
+  // the partials.
+  int64_t out_row[2];
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    int head_in_group;
+    const int token = q_begin + fast_divmod(p.group, row0 + warp_row0 + row_in_warp[slot], head_in_group);
+    const int head = kv_head * int(p.group.divisor) + head_in_group;
+    out_row[slot] = p.splits == 1 ? token * p.out_token_stride + head * p.out_head_stride
+                                  : (int64_t(split) * p.num_tokens + token) * p.num_heads + head;
+  }
 #pragma unroll
   for (int n = 0; n < kWarpStrips; ++n)
 #pragma unroll
@@ -429,18 +453,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       Mma::acc_coord(lane, i, row, col);
       const int slot = row_slot(i);
       if (!row_valid[slot]) continue;
-      const int r = row0 + warp_row0 + row;
-      const int token = q_begin + r / p.group, head = kv_head * p.group + r % p.group;
       const int dim = (dim_strip0 + n) * 16 + col;
       const float v0 = o[n][i] * inverse_sum[slot], v1 = o[n][i + 1] * inverse_sum[slot];
       if (p.splits == 1) {
-        *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) =
-            float2_to_half2_rn(v0, v1);
+        *reinterpret_cast<uint32_t*>(p.out + out_row[slot] + dim) = float2_to_half2_rn(v0, v1);
       } else {
-        const int64_t index = (int64_t(split) * p.num_tokens + token) * p.num_heads + head;
-        *reinterpret_cast<float2*>(p.partial_out + index * HeadDim + dim) = make_float2(v0, v1);
+        *reinterpret_cast<float2*>(p.partial_out + out_row[slot] * HeadDim + dim) = make_float2(v0, v1);
         // i = 0, 2: one per slot; peers (and, in decode blocks, the other warps) write the same value
-        if (n == 0 && i < 4 && dim_strip0 == 0) p.partial_lse[index] = lse[slot];
+        if (n == 0 && i < 4 && dim_strip0 == 0) p.partial_lse[out_row[slot]] = lse[slot];
       }
     }
 }

@@ -3,6 +3,7 @@
 // plain C++ compiler (the driver-API host code in csrc/driver/).
 #pragma once
 
+#include "common/fast_divisor.h"
 #include "common/host_device.h"
 #include "common/int_types.cuh"
 #include "common/smem_rows.h"
@@ -65,7 +66,9 @@ struct PagedAttentionParams {
   int64_t out_token_stride, out_head_stride;
   float* partial_out;  // [splits, num_tokens, num_heads, D] when splits > 1
   float* partial_lse;  // [splits, num_tokens, num_heads], log2 domain
-  int num_seqs, num_tokens, num_heads, group, block_size;
+  int num_seqs, num_tokens, num_heads;
+  FastDivisor group;       // num_heads / num_kv_heads: row r of a KV head's rows is token r / group, head r % group
+  FastDivisor block_size;  // cache slots per block: key j is in block j / block_size, slot j % block_size
   int window;          // sliding window in tokens; 0 = none
   float scale_log2;    // softmax scale · log2(e)
   int splits;  // KV splits per row tile (grid z); each block takes ⌈its KV tiles / splits⌉ of them

@@ -7,6 +7,7 @@ typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
+typedef unsigned long long uint64_t;
 #else
 #include <stdint.h>
 #endif

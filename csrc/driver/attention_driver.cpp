@@ -131,13 +131,14 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
   p.num_seqs = int(num_seqs);
   p.num_tokens = int(num_tokens);
   p.num_heads = int(num_heads);
-  p.group = int(num_heads / num_kv_heads);
-  p.block_size = int(kv_cache.size(2));
+  const int64_t group = num_heads / num_kv_heads;
+  p.group = make_fast_divisor(uint32_t(group));
+  p.block_size = make_fast_divisor(uint32_t(kv_cache.size(2)));
   p.window = int(sliding_window);
   p.scale_log2 = float(scale * 1.4426950408889634);
 
-  const int block_rows = choose_block_rows(num_tokens, p.group, num_seqs);
-  const int64_t tiles = row_tiles(num_tokens, p.group, num_seqs, block_rows);
+  const int block_rows = choose_block_rows(num_tokens, group, num_seqs);
+  const int64_t tiles = row_tiles(num_tokens, group, num_seqs, block_rows);
   const int d = int(head_size);
   const int smem = block_rows == kDecodeRows
                        ? smem_request_for_residency(attention_smem_bytes(d, block_rows), decode_max_blocks_per_sm(d),
@@ -146,7 +147,7 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
                        : attention_smem_bytes(d, block_rows);
   const LoadedKernel& kernel = loaded_kernel(device, paged_attention_kernel_name(sm70, d, block_rows),
                                              kThreadsPerBlock, smem);
-  p.splits = choose_splits(num_splits, busy_row_tiles(num_tokens, p.group, num_seqs, block_rows), num_kv_heads,
+  p.splits = choose_splits(num_splits, busy_row_tiles(num_tokens, group, num_seqs, block_rows), num_kv_heads,
                            max_seq_len, int64_t(driver::multiprocessor_count(device)) * kernel.blocks_per_sm);
   Tensor partial_out, partial_lse;
   if (p.splits > 1) {
