@@ -156,8 +156,8 @@ def timing_floor(model: tuple, repeats: int, bandwidth: float) -> str:
     row = sweep_case(model, 1, 1, repeats, bandwidth)
     return (f"Timing floor (same method): one tiny kernel (a {tiny.numel()}-element fill) {one_us:.1f} µs, two in a "
             f"row {two_us:.1f} µs; our decode of {model[0]} over 1 cached token, batch 1: {row['eager_us']:.1f} µs "
-            f"with one split (one launch), {row['graph_us']:.1f} µs with the graph's split count (empty splits + the "
-            "combine launch).")
+            f"with one split, {row['graph_us']:.1f} µs with the graph's split count (the splits without keys "
+            "exit at once).")
 
 
 def decode_sweep(args, repeats: int) -> str:

@@ -19,13 +19,14 @@
 // ─── Work split ────────────────────────────────────────────────────────────────────────────────────────────
 // Grid (row tiles, num_kv_heads, splits). Sequence s owns row tiles tile_base(s) … tile_base(s+1)−1 with tile_base(s) =
 // ⌊query_start_loc[s] · group / R⌋ + s (R = the block's rows), which bounds the grid by num_tokens·group/R + num_seqs
-// without reading the batch on the host; a block finds its sequence by binary search, and a block past its sequence's
-// rows exits. Split z walks its share of the KV tiles the rows can see: that share is computed here from the block's
-// own key range (⌈tiles / splits⌉), so the host fixes only the split count, and a launch captured in a CUDA graph stays
-// correct for any sequence lengths it is replayed with. With one split the block writes fp16 output; with several it
-// writes O/l and log2-sum-exp in fp32 and combine_splits_kernel merges them (decode and small batches with long
-// contexts, where row tiles alone cannot fill the GPU). Tokens past query_start_loc[num_seqs] (vLLM's padding of a
-// captured batch) belong to no sequence: the combine writes zeros there (with one split nothing is written).
+// without reading the batch on the host; a block finds its sequence by counting the sequences whose first tile is at
+// or before it, and a block past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see:
+// that share is computed here from the block's own key range (⌈tiles / splits⌉), so the host fixes only the split
+// count, and a launch captured in a CUDA graph stays correct for any sequence lengths it is replayed with. With one split the block writes fp16 output; with several it
+// writes O/l and log2-sum-exp in fp32 (decode and small batches with long contexts, where row tiles alone cannot fill
+// the GPU), merged by the row tile's last split to finish in decode blocks (merge_splits) and by
+// combine_splits_kernel after prefill blocks. Tokens past query_start_loc[num_seqs] (vLLM's padding of a captured
+// batch) belong to no sequence: nothing is written for them.
 //
 // ─── Block (4 warps, R = 64 or 16 rows, 64-key tiles) ───────────────────────────────────────────────────────
 // Per KV tile: keys → smem; S = Q·Kᵀ (fp32); mask; online softmax in fp32 in registers (row max and rescale, exp2
@@ -49,6 +50,7 @@
 
 #include "attention/attention_shape.h"
 #include "common/fp16.cuh"
+#include "common/last_arrival.cuh"
 #include "common/mma_atoms.cuh"
 
 namespace volta_fp4 {
@@ -108,6 +110,14 @@ __device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq,
   return int(int64_t(first_token) * p.group.divisor / BlockRows) + seq;
 }
 
+// Row `row` of a KV head's rows of a sequence whose first token is q_begin: its token, and its query head in `head`.
+__device__ __forceinline__ int row_token(const PagedAttentionParams& p, int q_begin, int kv_head, int row, int& head) {
+  int head_in_group;
+  const int token = q_begin + fast_divmod(p.group, row, head_in_group);
+  head = kv_head * int(p.group.divisor) + head_in_group;
+  return token;
+}
+
 // Offset (in halves) of head dim `col` of tile row `row` in a Q/K tile stored as panels of 128 dims.
 template <int Rows>
 __device__ __forceinline__ int panel_offset(int row, int col) {
@@ -116,6 +126,78 @@ __device__ __forceinline__ int panel_offset(int row, int col) {
 // Offset of (dim, key) in the Vᵀ tile: dims ≥ 128 share the rows of dims − 128, in columns 64 … 127.
 __device__ __forceinline__ int vt_offset(int dim, int key) {
   return (dim % kPanelCols) * kSmemRowHalves + (dim / kPanelCols) * kTileKeys + key;
+}
+
+// Decode blocks with several splits: the last split of a row tile to finish (arrived_last) merges them all, so a
+// decode call is one launch and splits without tiles cost next to nothing (the combine launch and empty splits were ~4 µs of
+// the 10.8 µs one-key call under a CUDA graph's split count on an H100, docs/attention.md). A decode tile has at most
+// 16 rows, so one block reads its partials (in L2, just written) in about one round trip per 8 splits and row pair. The weights are 2^(lse_s − max lse) over the splits with tiles; one
+// in which a row saw no key has lse −inf and weight 0. Splits are added in split order whichever block arrives last,
+// so the output does not depend on timing (a CUDA graph replay equals an eager call bit for bit). `scratch`: the
+// block's K/V buffer, free once every warp has passed arrived_last.
+template <int HeadDim, int BlockRows>
+__device__ __forceinline__ void merge_splits(const PagedAttentionParams& p, float* scratch, int q_begin, int kv_head,
+                                             int row0, int rows, int splits) {
+  constexpr int kThreadsPerRow = kThreadsPerBlock / BlockRows;  // lse phase: consecutive lanes share a row
+  constexpr int kLsePerThread = kMaxSplits / kThreadsPerRow;
+  constexpr int kQuads = HeadDim / 4;                            // output phase: 4 dims per thread and row
+  constexpr int kRowStreams = kThreadsPerBlock / kQuads;
+  static_assert(32 % kThreadsPerRow == 0 && kThreadsPerBlock % kQuads == 0, "rows and dims divide the block");
+  float* weight = scratch;                                  // [BlockRows][kMaxSplits]
+  float* inverse_total = scratch + BlockRows * kMaxSplits;  // [BlockRows]
+  const int tid = threadIdx.x;
+  const int64_t split_stride = int64_t(p.num_tokens) * p.num_heads;
+  {
+    const int r = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
+    const bool valid = row0 + r < rows;
+    int head = 0;
+    const int token = valid ? row_token(p, q_begin, kv_head, row0 + r, head) : 0;
+    const float* row_lse = p.partial_lse + int64_t(token) * p.num_heads + head;
+    float lse[kLsePerThread];  // splits part, part + kThreadsPerRow, …: all requested in one round
+    float max_lse = negative_infinity();
+#pragma unroll
+    for (int i = 0; i < kLsePerThread; ++i) {
+      const int s = part + i * kThreadsPerRow;
+      lse[i] = valid && s < splits ? row_lse[s * split_stride] : negative_infinity();
+      max_lse = fmaxf(max_lse, lse[i]);
+    }
+#pragma unroll
+    for (int offset = kThreadsPerRow / 2; offset > 0; offset >>= 1)
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+    float total = 0.f;
+#pragma unroll
+    for (int i = 0; i < kLsePerThread; ++i) {
+      const int s = part + i * kThreadsPerRow;
+      const float w = lse[i] == negative_infinity() ? 0.f : exp2f(lse[i] - max_lse);
+      if (s < splits) weight[r * kMaxSplits + s] = w;
+      total += w;
+    }
+#pragma unroll
+    for (int offset = kThreadsPerRow / 2; offset > 0; offset >>= 1)
+      total += __shfl_xor_sync(0xffffffffu, total, offset);
+    if (part == 0) inverse_total[r] = total > 0.f ? 1.f / total : 0.f;
+  }
+  __syncthreads();
+  const int dim = (tid % kQuads) * 4;
+  for (int r = tid / kQuads; r < BlockRows && row0 + r < rows; r += kRowStreams) {
+    int head;
+    const int token = row_token(p, q_begin, kv_head, row0 + r, head);
+    const float* partial = p.partial_out + (int64_t(token) * p.num_heads + head) * HeadDim + dim;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8  // the loads of 8 splits in flight together
+    for (int s = 0; s < splits; ++s) {
+      const float w = weight[r * kMaxSplits + s];
+      const float4 v = *reinterpret_cast<const float4*>(partial + s * split_stride * HeadDim);
+      sum.x += w * v.x;
+      sum.y += w * v.y;
+      sum.z += w * v.z;
+      sum.w += w * v.w;
+    }
+    const float inverse = inverse_total[r];
+    *reinterpret_cast<uint2*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) =
+        make_uint2(float2_to_half2_rn(sum.x * inverse, sum.y * inverse),
+                   float2_to_half2_rn(sum.z * inverse, sum.w * inverse));
+  }
 }
 
 template <class Mma, int HeadDim, int BlockRows>
@@ -172,20 +254,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int tiles_per_split = (max(tiles_end - tiles_begin, 0) + p.splits - 1) / p.splits;
   const int tile_first = tiles_begin + split * tiles_per_split;
   const int tile_end = min(tiles_end, tile_first + tiles_per_split);
+  // A split can have no KV tiles: short contexts under a split count chosen for long ones, as in a CUDA graph. In a
+  // decode block it leaves at once (its row tile's last split merges only the splits with tiles, merge_splits); in a
+  // prefill block it writes empty partials, since combine_splits_kernel reads every split.
+  const int splits_with_tiles =
+      tiles_per_split > 0 ? (tiles_end - tiles_begin + tiles_per_split - 1) / tiles_per_split : 0;
+  if (kDecode && tile_first >= tile_end) return;
+  // fp16 output straight from this block: one split, or a decode block's only split with tiles (nothing to merge).
+  const bool writes_output = p.splits == 1 || (kDecode && splits_with_tiles == 1);
 
-  // Q tile → smem (rows past the sequence are zero). A split without KV tiles (short contexts under a split count
-  // chosen for long ones, as in a CUDA graph) only writes its empty partials. A thread's vectors are requested
-  // kQInFlight at a time before any is stored: stored one by one, each load waited behind the previous store, a chain
-  // of 4 round trips at head_dim 256 before the first keys.
+  // Q tile → smem (rows past the sequence are zero). A thread's vectors are requested kQInFlight at a time before any
+  // is stored: stored one by one, each load waited behind the previous store, a chain of 4 round trips at head_dim 256
+  // before the first keys.
   constexpr int kQVectorsPerThread = BlockRows * kChunks / kThreadsPerBlock;
   constexpr int kQInFlight = kQVectorsPerThread < 4 ? kQVectorsPerThread : 4;
   static_assert(kQVectorsPerThread % kQInFlight == 0, "Q vectors come in groups of kQInFlight");
   const bool has_tiles = tile_first < tile_end;
   auto q_vector = [&](int v) {  // vector v of the tile: row v / kChunks, dims (v % kChunks)·8 …
     const int row = row0 + v / kChunks;
-    int head_in_group;
-    const int token = q_begin + fast_divmod(p.group, row, head_in_group);
-    const int head = kv_head * int(p.group.divisor) + head_in_group;
+    int head;
+    const int token = row_token(p, q_begin, kv_head, row, head);
     return row < rows ? *reinterpret_cast<const uint4*>(p.query + token * p.q_token_stride +
                                                         head * p.q_head_stride + (v % kChunks) * 8)
                       : make_uint4(0, 0, 0, 0);
@@ -433,16 +521,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     inverse_sum[slot] = total[slot] > 0.f ? 1.f / total[slot] : 0.f;
     lse[slot] = total[slot] > 0.f ? row_max[slot] + log2f(total[slot]) : negative_infinity();
   }
-  if (!warp_has_rows) return;
-  // Where this lane's two rows go, computed once: their row of out (one split) or their (split, token, head) index of
-  // the partials.
+  if (!warp_has_rows) return;  // decode blocks: every warp has the rows, so all threads reach the merge below
+  // Where this lane's two rows go, computed once: their row of out or their (split, token, head) index of the
+  // partials.
   int64_t out_row[2];
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    int head_in_group;
-    const int token = q_begin + fast_divmod(p.group, row0 + warp_row0 + row_in_warp[slot], head_in_group);
-    const int head = kv_head * int(p.group.divisor) + head_in_group;
-    out_row[slot] = p.splits == 1 ? token * p.out_token_stride + head * p.out_head_stride
+    int head;
+    const int token = row_token(p, q_begin, kv_head, row0 + warp_row0 + row_in_warp[slot], head);
+    out_row[slot] = writes_output ? token * p.out_token_stride + head * p.out_head_stride
                                   : (int64_t(split) * p.num_tokens + token) * p.num_heads + head;
   }
 #pragma unroll
@@ -455,7 +542,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       if (!row_valid[slot]) continue;
       const int dim = (dim_strip0 + n) * 16 + col;
       const float v0 = o[n][i] * inverse_sum[slot], v1 = o[n][i + 1] * inverse_sum[slot];
-      if (p.splits == 1) {
+      if (writes_output) {
         *reinterpret_cast<uint32_t*>(p.out + out_row[slot] + dim) = float2_to_half2_rn(v0, v1);
       } else {
         *reinterpret_cast<float2*>(p.partial_out + out_row[slot] * HeadDim + dim) = make_float2(v0, v1);
@@ -463,12 +550,20 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
         if (n == 0 && i < 4 && dim_strip0 == 0) p.partial_lse[out_row[slot]] = lse[slot];
       }
     }
+  if constexpr (kDecode) {
+    if (!writes_output && arrived_last(p.split_counters + blockIdx.x * gridDim.y + kv_head, splits_with_tiles)) {
+      static_assert(Plan::kKvRows * kSmemRowHalves * 2 >= (BlockRows * kMaxSplits + BlockRows) * 4,
+                    "the merge's weights fit in the K/V buffer");
+      merge_splits<HeadDim, BlockRows>(p, reinterpret_cast<float*>(kv_smem), q_begin, kv_head, row0, rows,
+                                       splits_with_tiles);
+    }
+  }
 }
 
-// Merges the splits of one (token, head): weights 2^(lse_s − max lse); a split that saw no key has lse −inf and
-// weight 0. Grid (num_tokens, num_heads), HeadDim / 2 threads, two dims each. A decode launch of a CUDA graph carries
-// the split count for max_model_len (up to kMaxSplits), most of the splits empty at short contexts, so the kernel
-// avoids a chain of loads per split: all lse values are read in one round (thread t: splits t, t + HeadDim / 2, …)
+// Merges the splits of prefill blocks (64 rows: merged in the block like decode tiles, one block would read up to
+// 64 splits × 64 rows of partials; here a block per (token, head) shares that over the GPU), weights as in
+// merge_splits. Grid (num_tokens, num_heads), HeadDim / 2 threads, two dims each. A launch can carry up to
+// kMaxSplits splits, most of them empty for short contexts, so the kernel avoids a chain of loads per split: all lse values are read in one round (thread t: splits t, t + HeadDim / 2, …)
 // before anything else, and the partial outputs in unrolled groups whose loads do not wait on each other (an empty
 // split's never-written partial is read and selected away: the buffer holds every split).
 template <int HeadDim>
@@ -487,10 +582,7 @@ __global__ void __launch_bounds__(HeadDim / 2) combine_splits_kernel(const Paged
     lse[i] = s < p.splits ? p.partial_lse[first + s * stride] : negative_infinity();
     max_lse = fmaxf(max_lse, lse[i]);
   }
-  if (token >= p.query_start_loc[p.num_seqs]) {  // padding: no split wrote its partials
-    *reinterpret_cast<uint32_t*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) = 0u;
-    return;
-  }
+  if (token >= p.query_start_loc[p.num_seqs]) return;  // padding: no split wrote its partials
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1)
     max_lse = fmaxf(max_lse, __shfl_xor_sync(0xFFFFFFFFu, max_lse, offset));

@@ -66,6 +66,7 @@ struct PagedAttentionParams {
   int64_t out_token_stride, out_head_stride;
   float* partial_out;  // [splits, num_tokens, num_heads, D] when splits > 1
   float* partial_lse;  // [splits, num_tokens, num_heads], log2 domain
+  int* split_counters;  // decode blocks: [row tiles, num_kv_heads] semaphores, all zero between launches
   int num_seqs, num_tokens, num_heads;
   FastDivisor group;       // num_heads / num_kv_heads: row r of a KV head's rows is token r / group, head r % group
   FastDivisor block_size;  // cache slots per block: key j is in block j / block_size, slot j % block_size

@@ -81,10 +81,11 @@ void write_kv_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mappi
 }
 
 // out[t, h] = softmax(scale · q[t, h] · Kᵀ + causal/window mask) · V over the paged cache (attention.cuh).
-// num_splits: 0 = chosen by attention_plan.h's choose_splits.
+// num_splits: 0 = chosen by attention_plan.h's choose_splits. split_counters: all-zero int32 scratch that every call
+// leaves all zero, one counter per (row tile, KV head) of a decode launch with several splits.
 void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor query_start_loc,
-                     Tensor seq_lens, int64_t max_seq_len, double scale, int64_t sliding_window, int64_t mma,
-                     int64_t num_splits) {
+                     Tensor seq_lens, Tensor split_counters, int64_t max_seq_len, double scale,
+                     int64_t sliding_window, int64_t mma, int64_t num_splits) {
   check_kv_cache(kv_cache);
   const int64_t head_size = kv_cache.size(4), num_kv_heads = kv_cache.size(3);
   STD_TORCH_CHECK(supported_head_size(head_size), "head_size must be 64, 128 or 256, got ", str(head_size));
@@ -100,6 +101,7 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
                   "query, out and kv_cache must be on one device");
   check_int32_vector(query_start_loc, "query_start_loc", device);
   check_int32_vector(seq_lens, "seq_lens", device);
+  check_int32_vector(split_counters, "split_counters", device);
   STD_TORCH_CHECK(block_table.is_cuda() && block_table.get_device_index() == device &&
                       block_table.scalar_type() == ScalarType::Int && block_table.dim() == 2 &&
                       block_table.stride(1) == 1,
@@ -151,6 +153,10 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
                            max_seq_len, int64_t(driver::multiprocessor_count(device)) * kernel.blocks_per_sm);
   Tensor partial_out, partial_lse;
   if (p.splits > 1) {
+    STD_TORCH_CHECK(block_rows != kDecodeRows || tiles * num_kv_heads <= split_counters.numel(), "splitting ",
+                    str(tiles * num_kv_heads), " row tiles x KV heads ", str(p.splits),
+                    " ways needs as many split counters; split_counters has ", str(split_counters.numel()));
+    p.split_counters = static_cast<int*>(split_counters.data_ptr());
     partial_out = torch::stable::new_empty(query, {p.splits, num_tokens, num_heads, head_size}, ScalarType::Float);
     partial_lse = torch::stable::new_empty(query, {p.splits, num_tokens, num_heads}, ScalarType::Float);
     p.partial_out = static_cast<float*>(partial_out.data_ptr());
@@ -160,7 +166,7 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
   void* args[] = {&p};
   kernel.kernel.launch({unsigned(tiles), unsigned(num_kv_heads), unsigned(p.splits)}, kThreadsPerBlock,
                        unsigned(smem), stream, args);
-  if (p.splits > 1) {
+  if (p.splits > 1 && block_rows == kPrefillRows) {  // decode blocks merge their splits themselves
     loaded_kernel(device, combine_splits_kernel_name(d), d / 2, 0)
         .kernel.launch({unsigned(num_tokens), unsigned(num_heads)}, unsigned(d / 2), 0, stream, args);
   }
@@ -171,7 +177,7 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
 STABLE_TORCH_LIBRARY_FRAGMENT(volta_fp4, m) {
   m.def("write_kv_cache(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor query_start_loc, "
-        "Tensor seq_lens, int max_seq_len, float scale, int sliding_window, int mma, int num_splits) -> ()");
+        "Tensor seq_lens, Tensor(b!) split_counters, int max_seq_len, float scale, int sliding_window, int mma, int num_splits) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(volta_fp4, CUDA, m) {

@@ -28,6 +28,7 @@
 #pragma once
 
 #include "common/fp16.cuh"
+#include "common/last_arrival.cuh"
 #include "common/mma_atoms.cuh"
 #include "gemm/weight_gemm_shape.h"
 
@@ -213,22 +214,6 @@ __device__ __forceinline__ void for_each_gemv_output(int lane, F&& f) {
     Mma::gemv_coord(lane, i, row, m);
     f(i, row, m);
   }
-}
-
-// The semaphore of split sums: every thread of the block calls it once its partials are written; true in the block
-// that arrives last of `blocks`, which resets the counter to zero for the next launch and may then read them all.
-__device__ __forceinline__ bool arrived_last(int* counter, int blocks) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1) == blocks - 1;
-    if (last) *counter = 0;
-  }
-  __syncthreads();
-  const bool is_last = last;
-  if (is_last) __threadfence();
-  return is_last;
 }
 
 // Rows 9-16 (a server decoding 9-16 sequences, MTP verification of K = 3 at batch 4): x rows 8-15 are a second B

@@ -154,3 +154,36 @@ def test_repeated_runs_are_bitwise_identical(head_size, mma):
     torch.cuda.synchronize()
     assert not outputs[0].isnan().any()
     assert all(torch.equal(outputs[0], other) for other in outputs[1:])
+
+
+@pytest.mark.parametrize("mma", ATOMS)
+@pytest.mark.parametrize("num_splits", [0, 3, 64])
+def test_split_merge_is_deterministic_and_leaves_counters_zero(num_splits, mma):
+    """Decode blocks merge their KV splits in the split that finishes last: the output must not depend on which one
+    that is, and the arrival counters must be all zero again after every call (the next call, or a CUDA graph
+    replay, counts from zero)."""
+    if mma not in _atoms():
+        pytest.skip(f"the SM{mma} atom needs a newer GPU")
+    batch = RandomPagedBatch(BATCHES["speculative"] + BATCHES["decode"], 24, 4, 256, 16, device="cuda", seed=31)
+    batch.write_new_tokens()
+    counters = attention.split_counters(batch.query.device)
+    outputs = []
+    for _ in range(5):
+        out = torch.full_like(batch.query, float("nan"))
+        attention.paged_attention(batch.query, batch.kv_cache, batch.block_table, batch.query_start_loc,
+                                  batch.seq_lens, batch.max_seq_len, 1 / 16, out=out, mma=mma, num_splits=num_splits)
+        torch.cuda.synchronize()
+        assert int(counters.count_nonzero()) == 0
+        outputs.append(out)
+    assert not outputs[0].isnan().any()
+    assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
+
+
+def test_forced_splits_beyond_the_counters_are_refused():
+    """A forced split count over more (row tile, KV head) pairs than there are arrival counters fails before any
+    launch, naming the limit."""
+    heads = 64  # MHA: one row per decode token, so a decode block tile per ~16 sequences plus one per sequence
+    batch = RandomPagedBatch([(0, 1)] * 1100, heads, heads, 64, 16, device="cuda", seed=5)
+    with pytest.raises(RuntimeError, match="split counters"):
+        attention.paged_attention(batch.query, batch.kv_cache, batch.block_table, batch.query_start_loc,
+                                  batch.seq_lens, batch.max_seq_len, 0.125, num_splits=2)

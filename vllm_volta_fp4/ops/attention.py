@@ -20,11 +20,28 @@ from vllm_volta_fp4.ops import extension
 
 HEAD_SIZES = (64, 128, 256)
 _OPS = extension.OpFamily("paged_attention")
+# Arrival counters per device for the split-KV merge (split_counters): one per (row tile, KV head) of a decode launch
+# with several splits. An automatic split count keeps those within the GPU's resident block slots, at most 32 per
+# SM, so this many serve GPUs of up to 2048 SMs; a forced count beyond them is refused by the op.
+SPLIT_COUNTERS = 1 << 16
+_split_counters: dict[torch.device, torch.Tensor] = {}
 
 
 def kernels_available() -> bool:
     """The extension has the attention ops and a CUDA device is usable."""
     return _OPS.available()
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The all-zero scratch in which a decode launch's KV splits on ``device`` count their arrivals (the last one
+    merges them). Made on first use and kept, so that CUDA graphs captured with it stay valid; every call leaves it
+    all zero."""
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    counters = _split_counters.get(device)
+    if counters is None:
+        counters = _split_counters[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return counters
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -47,8 +64,9 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: to
         out = torch.empty_like(query)
     if _OPS.runs_on(query, kv_cache):
         torch.ops.volta_fp4.paged_attention(
-            out, query, kv_cache, block_table, query_start_loc, seq_lens, int(max_seq_len), float(scale),
-            int(sliding_window or 0), extension.default_mma() if mma is None else mma, int(num_splits))
+            out, query, kv_cache, block_table, query_start_loc, seq_lens, split_counters(query.device),
+            int(max_seq_len), float(scale), int(sliding_window or 0),
+            extension.default_mma() if mma is None else mma, int(num_splits))
     else:
         reference_paged_attention(query, kv_cache, block_table, query_start_loc, seq_lens, scale,
                                   sliding_window, out=out)
@@ -120,8 +138,8 @@ def _register_fakes() -> None:
         return None
 
     @torch.library.register_fake("volta_fp4::paged_attention")
-    def _(out, query, kv_cache, block_table, query_start_loc, seq_lens, max_seq_len, scale, sliding_window, mma,
-          num_splits):
+    def _(out, query, kv_cache, block_table, query_start_loc, seq_lens, split_counters, max_seq_len, scale,
+          sliding_window, mma, num_splits):
         return None
 
 
