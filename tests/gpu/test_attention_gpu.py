@@ -179,11 +179,17 @@ def test_split_merge_is_deterministic_and_leaves_counters_zero(num_splits, mma):
     assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
 
 
-def test_forced_splits_beyond_the_counters_are_refused():
-    """A forced split count over more (row tile, KV head) pairs than there are arrival counters fails before any
-    launch, naming the limit."""
-    heads = 64  # MHA: one row per decode token, so a decode block tile per ~16 sequences plus one per sequence
-    batch = RandomPagedBatch([(0, 1)] * 1100, heads, heads, 64, 16, device="cuda", seed=5)
-    with pytest.raises(RuntimeError, match="split counters"):
-        attention.paged_attention(batch.query, batch.kv_cache, batch.block_table, batch.query_start_loc,
-                                  batch.seq_lens, batch.max_seq_len, 0.125, num_splits=2)
+def test_split_counters_too_few_are_refused():
+    """A decode launch with more (row tile, KV head) pairs to merge than the counters it is given fails before any
+    launch, naming both counts (the ops' own counters hold every automatic split count, and forced counts on batches
+    far beyond the tests')."""
+    batch = RandomPagedBatch([(100, 1)] * 4, 24, 4, 256, 16, device="cuda", seed=5)
+    batch.write_new_tokens()
+    out = torch.full_like(batch.query, float("nan"))
+    too_few = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="split counters; split_counters has 1"):
+        torch.ops.volta_fp4.paged_attention(out, batch.query, batch.kv_cache, batch.block_table,
+                                            batch.query_start_loc, batch.seq_lens, too_few, batch.max_seq_len,
+                                            1 / 16, 0, 0, 2)
+    torch.cuda.synchronize()
+    assert out.isnan().all() and int(too_few.count_nonzero()) == 0  # nothing launched
