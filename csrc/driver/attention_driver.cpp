@@ -177,7 +177,8 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
 STABLE_TORCH_LIBRARY_FRAGMENT(volta_fp4, m) {
   m.def("write_kv_cache(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor query_start_loc, "
-        "Tensor seq_lens, Tensor(b!) split_counters, int max_seq_len, float scale, int sliding_window, int mma, int num_splits) -> ()");
+        "Tensor seq_lens, Tensor(b!) split_counters, int max_seq_len, float scale, int sliding_window, int mma, "
+        "int num_splits) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(volta_fp4, CUDA, m) {

@@ -35,7 +35,7 @@ def kernels_available() -> bool:
 def split_counters(device: torch.device) -> torch.Tensor:
     """The all-zero scratch in which a decode launch's KV splits on ``device`` count their arrivals (the last one
     merges them). Made on first use and kept, so that CUDA graphs captured with it stay valid; every call leaves it
-    all zero."""
+    all zero. Calls on one device share it, so they must not run concurrently on two streams."""
     if device.index is None:
         device = torch.device(device.type, torch.cuda.current_device())
     counters = _split_counters.get(device)
