@@ -22,11 +22,11 @@
 // without reading the batch on the host; a block finds its sequence by counting the sequences whose first tile is at
 // or before it, and a block past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see:
 // that share is computed here from the block's own key range (⌈tiles / splits⌉), so the host fixes only the split
-// count, and a launch captured in a CUDA graph stays correct for any sequence lengths it is replayed with. With one split the block writes fp16 output; with several it
-// writes O/l and log2-sum-exp in fp32 (decode and small batches with long contexts, where row tiles alone cannot fill
-// the GPU), merged by the row tile's last split to finish in decode blocks (merge_splits) and by
-// combine_splits_kernel after prefill blocks. Tokens past query_start_loc[num_seqs] (vLLM's padding of a captured
-// batch) belong to no sequence: nothing is written for them.
+// count, and a launch captured in a CUDA graph stays correct for any sequence lengths it is replayed with. With one
+// split the block writes fp16 output; with several it writes O/l and log2-sum-exp in fp32 (decode and small batches
+// with long contexts, where row tiles alone cannot fill the GPU), merged by the row tile's last split to finish in
+// decode blocks (merge_splits) and by combine_splits_kernel after prefill blocks. Tokens past
+// query_start_loc[num_seqs] (vLLM's padding of a captured batch) belong to no sequence: nothing is written for them.
 //
 // ─── Block (4 warps, R = 64 or 16 rows, 64-key tiles) ───────────────────────────────────────────────────────
 // Per KV tile: keys → smem; S = Q·Kᵀ (fp32); mask; online softmax in fp32 in registers (row max and rescale, exp2
@@ -129,10 +129,11 @@ __device__ __forceinline__ int vt_offset(int dim, int key) {
 }
 
 // Decode blocks with several splits: the last split of a row tile to finish (arrived_last) merges them all, so a
-// decode call is one launch and splits without tiles cost next to nothing (the combine launch and empty splits were ~4 µs of
-// the 10.8 µs one-key call under a CUDA graph's split count on an H100, docs/attention.md). A decode tile has at most
-// 16 rows, so one block reads its partials (in L2, just written) in about one round trip per 8 splits and row pair. The weights are 2^(lse_s − max lse) over the splits with tiles; one
-// in which a row saw no key has lse −inf and weight 0. Splits are added in split order whichever block arrives last,
+// decode call is one launch and splits without tiles cost next to nothing (the combine launch and empty splits were
+// ~4 µs of the 10.8 µs one-key call under a CUDA graph's split count on an H100, docs/attention.md). A decode tile has
+// at most 16 rows, so one block reads its partials (in L2, just written) in about one round trip per 8 splits and row
+// pair. The weights are 2^(lse_s − max lse) over the splits with tiles; one in which a row saw no key has lse −inf and
+// weight 0. Splits are added in split order whichever block arrives last,
 // so the output does not depend on timing (a CUDA graph replay equals an eager call bit for bit). `scratch`: the
 // block's K/V buffer, free once every warp has passed arrived_last.
 template <int HeadDim, int BlockRows>
@@ -563,9 +564,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 // Merges the splits of prefill blocks (64 rows: merged in the block like decode tiles, one block would read up to
 // 64 splits × 64 rows of partials; here a block per (token, head) shares that over the GPU), weights as in
 // merge_splits. Grid (num_tokens, num_heads), HeadDim / 2 threads, two dims each. A launch can carry up to
-// kMaxSplits splits, most of them empty for short contexts, so the kernel avoids a chain of loads per split: all lse values are read in one round (thread t: splits t, t + HeadDim / 2, …)
-// before anything else, and the partial outputs in unrolled groups whose loads do not wait on each other (an empty
-// split's never-written partial is read and selected away: the buffer holds every split).
+// kMaxSplits splits, most of them empty for short contexts, so the kernel avoids a chain of loads per split: all lse
+// values are read in one round (thread t: splits t, t + HeadDim / 2, …) before anything else, and the partial outputs
+// in unrolled groups whose loads do not wait on each other (an empty split's never-written partial is read and
+// selected away: the buffer holds every split).
 template <int HeadDim>
 __global__ void __launch_bounds__(HeadDim / 2) combine_splits_kernel(const PagedAttentionParams p) {
   constexpr int kThreads = HeadDim / 2, kCombineWarps = kThreads / 32;

@@ -26,7 +26,7 @@ SWEEP_ARGS=(--decode-sweep --sweep-shape "${SWEEP_SHAPE:-}")
 baseline_rc=0
 if [[ -n "${BASELINE_WHEEL:-}" ]]; then
   # The baseline's extension and kernel image in the checkout's place, then the wheel's back.
-  use_wheel_extension "$BASELINE_WHEEL" /tmp/baseline-unpacked || exit 1
+  use_wheel_package "$BASELINE_WHEEL" /tmp/baseline-unpacked || exit 1
   base_commit=${BASELINE_COMMIT:-$(basename "$BASELINE_WHEEL")}
   python3 benchmarks/bench_attention.py --decode-sweep --sweep-shape "${BASELINE_SWEEP_SHAPE:-Qwen3.8}" \
     --out "$OUT/baseline-attention-decode.md" \
@@ -34,7 +34,7 @@ if [[ -n "${BASELINE_WHEEL:-}" ]]; then
   python3 benchmarks/bench_attention.py --quick --out "$OUT/baseline-attention.md" --commit "$base_commit" \
     > "$OUT/baseline-attention.log" 2>&1 || baseline_rc=1
   tail -n 3 "$OUT"/baseline-attention*.log
-  use_wheel_extension "$wheel" /tmp/wheel-unpacked || exit 1
+  use_wheel_package "$wheel" /tmp/wheel-unpacked || exit 1
 fi
 python3 benchmarks/bench_attention.py --out "$OUT/attention-h200.md" "${BENCH_ARGS[@]}" > "$OUT/attention-bench.log" 2>&1
 bench_rc=$?
