@@ -131,7 +131,7 @@ __device__ __forceinline__ int vt_offset(int dim, int key) {
 // Decode blocks with several splits: the last split of a row tile to finish (arrived_last) merges them all, so a
 // decode call is one launch and splits without tiles cost next to nothing (the combine launch and empty splits were
 // ~4 µs of the 10.8 µs one-key call under a CUDA graph's split count on an H100, docs/attention.md). A decode tile has
-// at most 16 rows, so one block reads its partials (in L2, just written) in about one round trip per 8 splits and row
+// at most 16 rows, so one block reads its partials (in L2, just written) in about one round trip per 16 splits and row
 // pair. The weights are 2^(lse_s − max lse) over the splits with tiles; one in which a row saw no key has lse −inf and
 // weight 0. Splits are added in split order whichever block arrives last,
 // so the output does not depend on timing (a CUDA graph replay equals an eager call bit for bit). `scratch`: the
@@ -143,6 +143,7 @@ __device__ __forceinline__ void merge_splits(const PagedAttentionParams& p, floa
   constexpr int kLsePerThread = kMaxSplits / kThreadsPerRow;
   constexpr int kQuads = HeadDim / 4;                            // output phase: 4 dims per thread and row
   constexpr int kRowStreams = kThreadsPerBlock / kQuads;
+  constexpr int kMergeGroup = 16;
   static_assert(32 % kThreadsPerRow == 0 && kThreadsPerBlock % kQuads == 0, "rows and dims divide the block");
   float* weight = scratch;                                  // [BlockRows][kMaxSplits]
   float* inverse_total = scratch + BlockRows * kMaxSplits;  // [BlockRows]
@@ -185,14 +186,22 @@ __device__ __forceinline__ void merge_splits(const PagedAttentionParams& p, floa
     const int token = row_token(p, q_begin, kv_head, row0 + r, head);
     const float* partial = p.partial_out + (int64_t(token) * p.num_heads + head) * HeadDim + dim;
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8  // the loads of 8 splits in flight together
-    for (int s = 0; s < splits; ++s) {
-      const float w = weight[r * kMaxSplits + s];
-      const float4 v = *reinterpret_cast<const float4*>(partial + s * split_stride * HeadDim);
-      sum.x += w * v.x;
-      sum.y += w * v.y;
-      sum.z += w * v.z;
-      sum.w += w * v.w;
+    // kMergeGroup splits' loads in flight together, the last group's past `splits` predicated off (a rolled
+    // remainder would wait for each load in turn)
+    for (int s0 = 0; s0 < splits; s0 += kMergeGroup) {
+      float4 v[kMergeGroup];
+#pragma unroll
+      for (int i = 0; i < kMergeGroup; ++i)
+        v[i] = s0 + i < splits ? *reinterpret_cast<const float4*>(partial + (s0 + i) * split_stride * HeadDim)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < kMergeGroup; ++i) {
+        const float w = s0 + i < splits ? weight[r * kMaxSplits + s0 + i] : 0.f;
+        sum.x += w * v[i].x;
+        sum.y += w * v[i].y;
+        sum.z += w * v[i].z;
+        sum.w += w * v[i].w;
+      }
     }
     const float inverse = inverse_total[r];
     *reinterpret_cast<uint2*>(p.out + token * p.out_token_stride + head * p.out_head_stride + dim) =
