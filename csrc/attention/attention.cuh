@@ -133,9 +133,9 @@ __device__ __forceinline__ int vt_offset(int dim, int key) {
 // ~4 µs of the 10.8 µs one-key call under a CUDA graph's split count on an H100, docs/attention.md). A decode tile has
 // at most 16 rows, so one block reads its partials (in L2, just written) in about one round trip per 16 splits and row
 // pair. The weights are 2^(lse_s − max lse) over the splits with tiles; one in which a row saw no key has lse −inf and
-// weight 0. Splits are added in split order whichever block arrives last,
-// so the output does not depend on timing (a CUDA graph replay equals an eager call bit for bit). `scratch`: the
-// block's K/V buffer, free once every warp has passed arrived_last.
+// weight 0. Splits are added in split order whichever block arrives last, so the output does not depend on timing
+// (a CUDA graph replay equals an eager call bit for bit). `scratch`: the block's K/V buffer, free once every warp has
+// passed arrived_last.
 template <int HeadDim, int BlockRows>
 __device__ __forceinline__ void merge_splits(const PagedAttentionParams& p, float* scratch, int q_begin, int kv_head,
                                              int row0, int rows, int splits) {
