@@ -316,11 +316,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   uint16_t* p_warp = p_smem + warp_row0 * kSmemRowHalves;
   const int64_t head_offset = int64_t(kv_head) * p.cache_head_stride;
 
-  // Volta has no asynchronous copy, so KV tiles are staged through registers: the first kStaged of a
-  // thread's vectors of a tile are loaded one phase early (a tile's values while S is computed, the next
-  // tile's keys during P·V), the rest when stored, kInFlight at a time. Decode blocks stage all of them (half at
-  // head_dim 256, where all spill on sm_70). Prefill blocks at head_dim 256 stage none: their O accumulators hold the
-  // registers, and staging even one vector measured slower on the H200.
+  // Volta has no asynchronous copy, so KV tiles are staged through registers: the first kStagedValues of a thread's
+  // vectors of a tile's values are loaded while S is computed, the first kStagedKeys of the next tile's keys during
+  // P·V, the rest when stored, kInFlight at a time. Each group of loads the store waits for is one memory round trip
+  // that nothing overlaps, and decode blocks at short contexts are chains of such round trips. Decode blocks stage
+  // all values, and all keys but at head_dim 256, whose O accumulators are live during P·V (16 staged keys there
+  // spilled on sm_70); the 8 others then come in one group. Prefill blocks at head_dim 256 stage none: their O
+  // accumulators hold the registers, and staging even one vector measured slower on the H200.
   // Vector j of a thread, keys and values alike: key tid % 64 of the tile, dims (tid / 64)·8 + 16 j … +7. One key
   // per thread means one block-table lookup per tile instead of one per vector (each lookup is a dependent global load
   // before the vector's own: at head_dim 256 these chains were most of a short decode call); the next tile's block
@@ -328,10 +330,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   // the 16-byte K stores of a quarter warp fall in distinct banks (rows of 136 halves) and the transposed 2-byte Vᵀ
   // stores of a warp hit distinct words.
   constexpr int kVectorsPerThread = kTileKeys * kChunks / kThreadsPerBlock;
-  constexpr int kStaged = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
+  constexpr int kStagedKeys = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
+  constexpr int kStagedValues = kDecode ? kVectorsPerThread : kStagedKeys;
   // Prefill blocks: 2 (4 puts head_dim 128 at sm_70's 255 registers, on the edge of spilling; not measured).
-  constexpr int kInFlight = kDecode ? 4 : 2;
-  static_assert((kVectorsPerThread - kStaged) % kInFlight == 0, "unstaged vectors come in groups of kInFlight");
+  constexpr int kInFlight = kDecode ? 8 : 2;
+  static_assert((kVectorsPerThread - kStagedKeys) % kInFlight == 0 && (kVectorsPerThread - kStagedValues) % kInFlight == 0,
+                "unstaged vectors come in groups of kInFlight");
   const int thread_key = tid % kTileKeys;
   // A thread's first dim is below the stride between its vectors, which divides a panel, so a vector's global and
   // shared addresses are a per-thread base plus a constant per vector (immediate offsets, no address arithmetic).
@@ -390,32 +394,33 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
         kv_smem[vt_offset(thread_dim0 + e, thread_key) + vt_offset(j * kVectorStride, 0)] = halves[e];
     }
   };
-  uint4 staged[kStaged > 0 ? kStaged : 1];
+  uint4 staged[kStagedValues > 0 ? kStagedValues : 1];  // kStagedValues ≥ kStagedKeys
   // A tile's vectors (keys or values) → smem. The first kInFlight past the staged ones are requested before the
   // staged ones are stored (a store waits for its staged load), so that those round trips overlap; the rest follow
-  // kInFlight at a time.
+  // kInFlight at a time. Called with constant arguments, so the counts fold and `staged` stays in registers.
   auto store_tile = [&](bool values) {
+    const int staged_count = values ? kStagedValues : kStagedKeys;
     const uint16_t* cache = values ? p.value_cache : p.key_cache;
     auto store = [&](int j, const uint4& value) { values ? store_value_vector(j, value) : store_key_vector(j, value); };
 #pragma unroll 1  // one group in flight: unrolled, the compiler hoists the next group's loads and spills on Volta
-    for (int j0 = kStaged; j0 < kVectorsPerThread; j0 += kInFlight) {
+    for (int j0 = staged_count; j0 < kVectorsPerThread; j0 += kInFlight) {
       uint4 loaded[kInFlight];
 #pragma unroll
       for (int i = 0; i < kInFlight; ++i) loaded[i] = load_vector(cache, j0 + i);
-      if (j0 == kStaged) {
+      if (j0 == staged_count) {
 #pragma unroll
-        for (int j = 0; j < kStaged; ++j) store(j, staged[j]);
+        for (int j = 0; j < staged_count; ++j) store(j, staged[j]);
       }
 #pragma unroll
       for (int i = 0; i < kInFlight; ++i) store(j0 + i, loaded[i]);
     }
-    if constexpr (kStaged == kVectorsPerThread) {
+    if (staged_count == kVectorsPerThread) {
 #pragma unroll
-      for (int j = 0; j < kStaged; ++j) store(j, staged[j]);
+      for (int j = 0; j < staged_count; ++j) store(j, staged[j]);
     }
   };
 #pragma unroll
-  for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.key_cache, j);
+  for (int j = 0; j < kStagedKeys; ++j) staged[j] = load_vector(p.key_cache, j);
 
   for (int tile = tile_first; tile < tile_end; ++tile) {
     const int key0 = tile * kTileKeys;
@@ -423,7 +428,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     store_tile(false);
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.value_cache, j);
+    for (int j = 0; j < kStagedValues; ++j) staged[j] = load_vector(p.value_cache, j);
     const int next_block = tile + 1 < tile_end ? cache_block(key0 + kTileKeys) : 0;
     if (warp_has_rows) {
       float s[kWarpKeyStrips][8];
@@ -499,7 +504,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       kv_row_visible = key_visible(key0 + kTileKeys);
       kv_row = cache_row(key0 + kTileKeys, next_block);
 #pragma unroll
-      for (int j = 0; j < kStaged; ++j) staged[j] = load_vector(p.key_cache, j);
+      for (int j = 0; j < kStagedKeys; ++j) staged[j] = load_vector(p.key_cache, j);
     }
 
     if (warp_has_rows) {
