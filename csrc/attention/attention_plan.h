@@ -47,18 +47,13 @@ inline int64_t busy_row_tiles(int64_t num_tokens, int64_t group, int64_t num_seq
 // a partial second wave costs more than the split saves. The slots, not a fixed blocks-per-SM, because head_dim 64
 // fits twice the blocks of 128 and 256 (H200 sweep, 2026-12-03: the fastest forced count filled 2 blocks per SM at
 // head_dim 128/256 and 4 at 64, every batch 4-64). The count depends on the launch shape and max_seq_len only (host
-// values a CUDA graph keeps); each block divides its own KV tiles among the splits. At most kMaxAutoSplits: merging
-// more partials costs more than the finer split saves (H200, head_dim 256, batch 1: 32 splits against 64 at 4096 /
-// 8192 tokens 19.3 / 28.0 against 21.4 / 29.1 µs with the merge in the last split, 18.1 / 26.5 against 20.0 / 27.0
-// with the combine kernel before it; head_dim 128 / 64 at 8192: 25.7 / 16.1 against 31.5 / 17.7, docs/attention.md).
+// values a CUDA graph keeps); each block divides its own KV tiles among the splits, and uses more than
+// kCheapMergeSplits of them only where each gets 4 tiles (paged_attention_kernel), so that the count can be chosen
+// for the longest context without slowing the shorter ones a graph replays.
 inline int choose_splits(int64_t requested, int64_t busy_tiles, int64_t num_kv_heads, int64_t max_seq_len,
                          int64_t slots) {
-  constexpr int64_t kMaxAutoSplits = 32;
   const int64_t max_kv_tiles = std::max<int64_t>(1, (max_seq_len + kTileKeys - 1) / kTileKeys);
-  int64_t splits = requested;
-  if (splits <= 0) {
-    splits = std::min({slots / std::max<int64_t>(1, busy_tiles * num_kv_heads), max_kv_tiles, kMaxAutoSplits});
-  }
+  const int64_t splits = requested > 0 ? requested : slots / std::max<int64_t>(1, busy_tiles * num_kv_heads);
   return int(std::max<int64_t>(1, std::min<int64_t>({splits, max_kv_tiles, kMaxSplits})));
 }
 

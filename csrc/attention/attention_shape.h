@@ -22,6 +22,7 @@ constexpr int kWarps = 4;
 constexpr int kThreadsPerBlock = kWarps * 32;
 constexpr int kPanelCols = 128;  // head dims per row panel of Q and K
 constexpr int kMaxSplits = 64;
+constexpr int kCheapMergeSplits = 32;  // paged_attention_kernel: more splits only with ≥ 4 KV tiles each
 
 // Shared-memory plan of paged_attention_kernel<·, HeadDim, BlockRows>, in rows of kSmemRowHalves halves, plus (decode
 // blocks) the fp32 row statistics the warps exchange: [kWarps][kWarpRows] each.
