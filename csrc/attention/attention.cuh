@@ -339,7 +339,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   constexpr int kStagedValues = kDecode ? kVectorsPerThread : kStagedKeys;
   // Prefill blocks: 2 (4 puts head_dim 128 at sm_70's 255 registers, on the edge of spilling; not measured).
   constexpr int kInFlight = kDecode ? 8 : 2;
-  static_assert((kVectorsPerThread - kStagedKeys) % kInFlight == 0 && (kVectorsPerThread - kStagedValues) % kInFlight == 0,
+  static_assert((kVectorsPerThread - kStagedKeys) % kInFlight == 0 &&
+                    (kVectorsPerThread - kStagedValues) % kInFlight == 0,
                 "unstaged vectors come in groups of kInFlight");
   const int thread_key = tid % kTileKeys;
   // A thread's first dim is below the stride between its vectors, which divides a panel, so a vector's global and
