@@ -256,24 +256,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   const int context = seq_len - q_len;
   const int* blocks = p.block_table + int64_t(seq) * p.block_table_stride;
 
-  // Keys any row of this block can see, as KV tiles; this split takes its share of them.
+  // Keys any row of this block can see, as KV tiles; this split takes its share of them (split_share).
   const int first_pos = context + fast_quotient(p.group, row0);
   const int last_pos = context + fast_quotient(p.group, min(row0 + BlockRows, rows) - 1);
   const int key_begin = p.window > 0 ? max(0, first_pos - p.window + 1) : 0;
   const int tiles_begin = key_begin / kTileKeys, tiles_end = (last_pos + kTileKeys) / kTileKeys;
-  // Past kCheapMergeSplits splits, only as many as give each split 4 tiles: the merge's cost grows with the splits
-  // (H100, d256 batch 1: 4096 tokens 18.9 µs at 32 splits against 22.0 at 64, 8192 29.7 against 29.6, 32768 107.5
-  // against 83.1; H200 8192: 28.0 against 29.1). Decided here, from the block's own tiles, because a CUDA graph fixes
-  // the launch's split count for its longest context.
-  const int tiles = max(tiles_end - tiles_begin, 0);
-  const int splits_used = min(p.splits, max(kCheapMergeSplits, tiles / 4));
-  const int tiles_per_split = (tiles + splits_used - 1) / splits_used;
+  const SplitShare share = split_share(max(tiles_end - tiles_begin, 0), p.splits);
+  const int tiles_per_split = share.tiles_per_split, splits_with_tiles = share.splits_with_tiles;
   const int tile_first = tiles_begin + split * tiles_per_split;
   const int tile_end = min(tiles_end, tile_first + tiles_per_split);
   // A split can have no KV tiles: short contexts under a split count chosen for long ones, as in a CUDA graph. In a
   // decode block it leaves at once (its row tile's last split merges only the splits with tiles, merge_splits); in a
   // prefill block it writes empty partials, since combine_splits_kernel reads every split.
-  const int splits_with_tiles = tiles_per_split > 0 ? (tiles + tiles_per_split - 1) / tiles_per_split : 0;
   if (kDecode && tile_first >= tile_end) return;
   // fp16 output straight from this block: one split, or a decode block's only split with tiles (nothing to merge).
   const bool writes_output = p.splits == 1 || (kDecode && splits_with_tiles == 1);

@@ -83,6 +83,38 @@ def test_busy_tiles_within_the_grid_and_splits_within_one_wave(tmp_path):
         assert splits == 1 or busy * heads * splits <= slots, shape
 
 
+def test_split_share_covers_every_tile_once_and_merges_few_splits(tmp_path):
+    """split_share, the kernel's division of a row tile's KV tiles among a launch's splits (paged_attention_kernel
+    calls it; its PTX is the inline arithmetic's): for every tile count up to 32768 tokens' and every split count, the
+    shares of the splits cover each tile exactly once, splits_with_tiles counts the splits that get any, and more than
+    kCheapMergeSplits of them only where each gets at least 4 tiles (fewer splits to merge, which a CUDA graph's split
+    count for its longest context would otherwise force on short contexts)."""
+    max_tiles = 32768 // 64 + 3
+    body = [f"  for (int tiles = 0; tiles <= {max_tiles}; ++tiles)",
+            "    for (int splits = 1; splits <= kMaxSplits; ++splits) {",
+            "      const SplitShare share = split_share(tiles, splits);",
+            '      std::printf("%d %d %d %d\\n", tiles, splits, share.tiles_per_split, share.splits_with_tiles);',
+            "    }",
+            '  std::printf("%d %d\\n", kMaxSplits, kCheapMergeSplits);']
+    lines = run_host_program(tmp_path, ["attention/attention_shape.h"], body,
+                             preamble="using namespace volta_fp4::attention;").splitlines()
+    max_splits, cheap = map(int, lines[-1].split())
+    rows = [tuple(map(int, line.split())) for line in lines[:-1]]
+    assert len(rows) == (max_tiles + 1) * max_splits
+    for tiles, splits, per_split, with_tiles in rows:
+        covered = []
+        for split in range(splits):  # the kernel's tile_first / tile_end of this split
+            first = split * per_split
+            covered += range(first, min(tiles, first + per_split))
+        nonempty = sum(1 for split in range(splits) if split * per_split < tiles)
+        case = (tiles, splits, per_split, with_tiles)
+        assert covered == list(range(tiles)), case
+        assert with_tiles == nonempty <= splits, case
+        assert with_tiles <= cheap or per_split >= 4, case
+        if splits <= cheap:  # up to the cheap count, as many as the tiles allow: one tile per split at most
+            assert per_split == -(-tiles // splits), case
+
+
 # Shared memory per SM and reserved bytes per block: (what, bytes per SM, reserved per block). Hopper / Ampere / Ada
 # / Volta, as their CUDA device attributes report them.
 SMS = [("H100/H200", 233472, 1024), ("A100", 167936, 1024), ("RTX 4090", 102400, 1024), ("V100", 98304, 0)]
