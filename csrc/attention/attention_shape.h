@@ -26,10 +26,10 @@ constexpr int kCheapMergeSplits = 32;
 
 // How a row tile's `tiles` KV tiles are shared among a launch's `splits` (paged_attention_kernel): split z takes tiles
 // z·tiles_per_split … up to the end; the first splits_with_tiles splits have some, the rest none. Past
-// kCheapMergeSplits splits, only as many as give each split 4 tiles: the merge's cost grows with the splits (H100,
-// d256 batch 1: 4096 tokens 18.9 µs at 32 splits against 22.0 at 64, 8192 29.7 against 29.6, 32768 107.5 against
-// 83.1; H200 8192: 28.0 against 29.1). Decided per row tile from its own tiles, because a CUDA graph fixes the
-// launch's split count for its longest context.
+// kCheapMergeSplits splits, only as many as give each split 4 tiles: the last split's merge grows with the splits
+// (H100, d256 batch 1, forced counts of one kernel: 4096 tokens 19.4 µs at 32 splits against 22.0 at 64; 32768 81.4
+// at 64 against 107.5 at 32; 8192 within 5 % either way). Decided per row tile from its own tiles, because a CUDA
+// graph fixes the launch's split count for its longest context.
 struct SplitShare {
   int tiles_per_split;
   int splits_with_tiles;
