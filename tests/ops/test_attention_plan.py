@@ -1,5 +1,6 @@
 """The attention ops' host decisions (csrc/attention/attention_plan.h), compiled alone with the host compiler: the
-busy row tiles a launch is planned for and the split-KV count chosen from the kernel's resident block slots."""
+busy row tiles a launch is planned for and the split-KV count chosen from the kernel's resident block slots; and the
+kernel's share of KV tiles per split (split_share, attention_shape.h), the same function the kernel calls."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def test_split_share_covers_every_tile_once_and_merges_few_splits(tmp_path):
         assert covered == list(range(tiles)), case
         assert with_tiles == nonempty <= splits, case
         assert with_tiles <= cheap or per_split >= 4, case
-        if splits <= cheap:  # up to the cheap count, as many as the tiles allow: one tile per split at most
+        if splits <= cheap:  # up to kCheapMergeSplits, the tiles are spread over all splits as they were before
             assert per_split == -(-tiles // splits), case
 
 
