@@ -41,7 +41,7 @@
 //   exchanged through shared memory (one more barrier per tile, every warp then applies the same maximum, so the
 //   partial row sums add up at the end), and warp w accumulates O for head dims w·D/4 … (w+1)·D/4 − 1 over all 64 keys.
 //   O is a quarter of the prefill block's per lane, which leaves the registers to stage a tile's K and V per thread
-//   (half of them at head_dim 256): the values load while S is computed, the next keys while P·V is.
+//   (at head_dim 256 all values, half the keys): the values load while S is computed, the next keys while P·V is.
 // Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read: Q and K store head
 // dims ≥ 128 as a second panel of rows; Vᵀ stores dims ≥ 128 in columns 64 … 127 of the rows of dims − 128. K and
 // Vᵀ share one buffer (they are not live together), which keeps head_dim 256 at 85 KB (prefill blocks; decode
