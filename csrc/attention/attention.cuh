@@ -104,6 +104,12 @@ __device__ __forceinline__ void combine_over_warps(float (&value)[2], float* row
 
 __device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
 
+// A split's weight in a merge of splits (merge_splits, combine_splits_kernel): 2^(lse − max lse) over the splits, 0
+// for a split in which the row saw no key (lse −inf).
+__device__ __forceinline__ float merge_weight(float lse, float max_lse) {
+  return lse == negative_infinity() ? 0.f : exp2f(lse - max_lse);
+}
+
 // The first row tile of sequence seq, from its first token query_start_loc[seq].
 template <int BlockRows>
 __device__ __forceinline__ int tile_base(const PagedAttentionParams& p, int seq, int first_token) {
@@ -132,10 +138,9 @@ __device__ __forceinline__ int vt_offset(int dim, int key) {
 // decode call is one launch and splits without tiles cost next to nothing (the combine launch and empty splits were
 // ~4 µs of the 10.8 µs one-key call under a CUDA graph's split count on an H100, docs/attention.md). A decode tile has
 // at most 16 rows, so one block reads its partials (in L2, just written) in about one round trip per 16 splits and row
-// pair. The weights are 2^(lse_s − max lse) over the splits with tiles; one in which a row saw no key has lse −inf and
-// weight 0. Splits are added in split order whichever block arrives last, so the output does not depend on timing
-// (a CUDA graph replay equals an eager call bit for bit). `scratch`: the block's K/V buffer, free once every warp has
-// passed arrived_last.
+// pair, weighted by merge_weight over the splits with tiles. Splits are added in split order whichever block arrives
+// last, so the output does not depend on timing (a CUDA graph replay equals an eager call bit for bit). `scratch`: the
+// block's K/V buffer, free once every warp has passed arrived_last.
 template <int HeadDim, int BlockRows>
 __device__ __forceinline__ void merge_splits(const PagedAttentionParams& p, float* scratch, int q_begin, int kv_head,
                                              int row0, int rows, int splits) {
@@ -170,7 +175,7 @@ __device__ __forceinline__ void merge_splits(const PagedAttentionParams& p, floa
 #pragma unroll
     for (int i = 0; i < kLsePerThread; ++i) {
       const int s = part + i * kThreadsPerRow;
-      const float w = lse[i] == negative_infinity() ? 0.f : exp2f(lse[i] - max_lse);
+      const float w = merge_weight(lse[i], max_lse);
       if (s < splits) weight[r * kMaxSplits + s] = w;
       total += w;
     }
@@ -609,7 +614,7 @@ __global__ void __launch_bounds__(HeadDim / 2) combine_splits_kernel(const Paged
 #pragma unroll
   for (int i = 0; i < kLsePerThread; ++i) {
     const int s = tid + i * kThreads;
-    if (s < p.splits) split_weight[s] = lse[i] == negative_infinity() ? 0.f : exp2f(lse[i] - max_lse);
+    if (s < p.splits) split_weight[s] = merge_weight(lse[i], max_lse);
   }
   __syncthreads();
   float2 sum = make_float2(0.f, 0.f);
