@@ -134,7 +134,7 @@ def sweep_case(model: tuple, batch_size: int, context: int, repeats: int, bandwi
     graph_us, graph_out = timed(max(SWEEP_CONTEXTS), 0)
     agrees(graph_out, "graph split count")
     forced = {}
-    for splits in SWEEP_SPLITS:  # the kernel clamps a count above the context's KV tiles
+    for splits in SWEEP_SPLITS:  # the kernel uses fewer where they would get no tiles (split_share)
         forced[splits], out = timed(context, splits)
         agrees(out, f"splits={splits}")
     best = min(forced, key=forced.get)
@@ -173,7 +173,8 @@ def decode_sweep(args, repeats: int) -> str:
              f"{BLOCK_SIZE}-token blocks in random order. GPU µs per call (median of {repeats}, launch hidden). "
              "eager: the kernel's split count for max_seq_len = the context; graph: for max_seq_len = "
              f"{max(SWEEP_CONTEXTS)} (what a FULL CUDA graph passes); best: the fastest forced split count (the "
-             "kernel clamps counts above the context's KV tiles, so short contexts repeat a time). "
+             "kernel uses fewer splits than forced where they would get no KV tile or, past 32 splits, fewer than 4, "
+             "so short contexts repeat a time). "
              f"HBM: the KV bytes' rate against a device copy in the same run ({bandwidth / 1e12:.2f} TB/s).", "",
              floor, "",
              "| shape | batch | context | eager µs | graph µs | best µs (splits) | eager HBM | graph HBM | best HBM |",
