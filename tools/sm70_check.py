@@ -31,6 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "gemm/weight_gemm.cuh"
 VOLTA_MAX_SMEM_PER_BLOCK = 96 * 1024
+VOLTA_SMEM_PER_SM = 96 * 1024
+VOLTA_RESERVED_SMEM_PER_BLOCK = 0  # the driver reserves none below compute capability 8.0
 VOLTA_HMMA = "mma.sync.aligned.m8n8k4"
 MMA_ATOMS = ("Sm70Mma", "Sm80Mma")
 FORMATS = ("Nvfp4Format", "Fp8Format")
@@ -104,8 +106,13 @@ def gemm_smem_exports() -> list[str]:
 
 
 def attention_smem_exports() -> list[str]:
-    return [f"__device__ int attention_smem_bytes_d{d}_r{r} = volta_fp4::attention::attention_smem_bytes({d}, {r});"
-            for d in ATTENTION_HEAD_SIZES for r in ATTENTION_BLOCK_ROWS]
+    """The plan of each block, and what a V100 launch requests (decode blocks ask for more to cap residency)."""
+    plans = [f"__device__ int attention_smem_bytes_d{d}_r{r} = volta_fp4::attention::attention_smem_bytes({d}, {r});"
+             for d in ATTENTION_HEAD_SIZES for r in ATTENTION_BLOCK_ROWS]
+    requests = [f"__device__ int attention_launch_smem_d{d}_r{r} = volta_fp4::attention::attention_launch_smem_bytes("
+                f"{d}, {r}, {VOLTA_SMEM_PER_SM}, {VOLTA_RESERVED_SMEM_PER_BLOCK});"
+                for d in ATTENTION_HEAD_SIZES for r in ATTENTION_BLOCK_ROWS]
+    return plans + requests
 
 
 def gdn_smem_exports() -> list[str]:
@@ -169,18 +176,19 @@ def gdn_kernel_source() -> str:
     return "\n".join(lines + gdn_smem_exports()) + "\n"
 
 
-def attention_smem_table(ptx: str) -> dict[tuple[int, int], int]:
-    """{(head size, block rows): bytes} of the header's SmemPlan, as attention_smem_exports put it in the PTX."""
-    return {(int(d), int(r)): int(v)
-            for d, r, v in re.findall(r"attention_smem_bytes_d(\d+)_r(\d+)\s*=\s*(\d+)", ptx)}
+def attention_smem_table(ptx: str, export: str = "attention_smem_bytes") -> dict[tuple[int, int], int]:
+    """{(head size, block rows): bytes} of one of attention_smem_exports' tables in the PTX: the header's SmemPlan
+    (attention_smem_bytes) or a V100 launch's request (attention_launch_smem)."""
+    return {(int(d), int(r)): int(v) for d, r, v in re.findall(rf"{export}_d(\d+)_r(\d+)\s*=\s*(\d+)", ptx)}
 
 
 def attention_dynamic_smem(report: KernelReport, ptx: str) -> int:
-    """paged_attention_kernel's dynamic shared memory from the header's SmemPlan (exported by the source)."""
+    """paged_attention_kernel's dynamic shared memory as a V100 launch requests it (exported by the source): the
+    residency it allows is the one the driver gets."""
     if "paged_attention_kernel" not in report.name:
         return report.dynamic_smem
     head_size, block_rows = re.search(r"ELi(\d+)ELi(\d+)EEEv", report.name).groups()
-    return attention_smem_table(ptx)[int(head_size), int(block_rows)]
+    return attention_smem_table(ptx, "attention_launch_smem")[int(head_size), int(block_rows)]
 
 
 def gdn_dynamic_smem(report: KernelReport, ptx: str) -> int:

@@ -57,19 +57,6 @@ inline int choose_splits(int64_t requested, int64_t busy_tiles, int64_t num_kv_h
   return int(std::max<int64_t>(1, std::min<int64_t>({splits, max_kv_tiles, kMaxSplits})));
 }
 
-// Decode blocks per SM at most, by head_dim: the residency they had while the SM80 atom stored values transposed
-// (H100: 2 / 2 / 4 at head_dim 256 / 128 / 64, by registers). Read with ldmatrix.trans, its decode blocks need far
-// fewer registers (head_dim 256: 158 instead of 254 on sm_90) and three fit where two did; three were 17-28 % slower
-// at batch 64 on an H100 (docs/attention.md) and also raise the split count (choose_splits). On a V100 the registers
-// and shared memory of the SM70 atom's blocks already hold them at or below these counts.
-inline int decode_max_blocks_per_sm(int head_size) { return head_size == 64 ? 4 : 2; }
-
-// Dynamic shared memory to request for a block that needs plan_bytes so that no more than max_blocks fit on an SM of
-// smem_per_sm bytes (each resident block also takes reserved_per_block): just over a (max_blocks + 1)-th of the SM.
-inline int smem_request_for_residency(int plan_bytes, int max_blocks, int smem_per_sm, int reserved_per_block) {
-  return std::max(plan_bytes, smem_per_sm / (max_blocks + 1) - reserved_per_block + 1);
-}
-
 // ─── Kernel names (the NVRTC name expressions of the instantiations the ops launch) ──────────────────────────
 inline std::string paged_attention_kernel_name(bool sm70_atom, int head_size, int block_rows) {
   return std::string("volta_fp4::attention::paged_attention_kernel<") +

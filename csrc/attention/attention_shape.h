@@ -70,6 +70,32 @@ VOLTA_FP4_HOST_DEVICE constexpr int attention_smem_bytes(int head_dim, int block
                                   : SmemPlan<256, kPrefillRows>::kBytes);
 }
 
+// Decode blocks per SM at most, by head_dim: the residency they had while the SM80 atom stored values transposed
+// (H100: 2 / 2 / 4 at head_dim 256 / 128 / 64, by registers). Read with ldmatrix.trans, its decode blocks need far
+// fewer registers (head_dim 256: 158 instead of 254 on sm_90) and three fit where two did; three were 17-28 % slower
+// at batch 64 on an H100 (docs/attention.md) and also raise the split count (choose_splits). The launch's shared
+// memory request (attention_launch_smem_bytes) holds every GPU to these counts, a V100 included.
+VOLTA_FP4_HOST_DEVICE constexpr int decode_max_blocks_per_sm(int head_size) { return head_size == 64 ? 4 : 2; }
+
+// Dynamic shared memory to request for a block that needs plan_bytes so that no more than max_blocks fit on an SM of
+// smem_per_sm bytes (each resident block also takes reserved_per_block): just over a (max_blocks + 1)-th of the SM.
+VOLTA_FP4_HOST_DEVICE constexpr int smem_request_for_residency(int plan_bytes, int max_blocks, int smem_per_sm,
+                                                               int reserved_per_block) {
+  return plan_bytes > smem_per_sm / (max_blocks + 1) - reserved_per_block + 1
+             ? plan_bytes
+             : smem_per_sm / (max_blocks + 1) - reserved_per_block + 1;
+}
+
+// Dynamic shared memory a paged_attention_kernel launch requests on an SM of smem_per_sm bytes: decode blocks are
+// held to decode_max_blocks_per_sm, prefill blocks ask for their plan. Also exported for the sm_70 resource report.
+VOLTA_FP4_HOST_DEVICE constexpr int attention_launch_smem_bytes(int head_size, int block_rows, int smem_per_sm,
+                                                                int reserved_per_block) {
+  return block_rows == kDecodeRows ? smem_request_for_residency(attention_smem_bytes(head_size, block_rows),
+                                                                decode_max_blocks_per_sm(head_size), smem_per_sm,
+                                                                reserved_per_block)
+                                   : attention_smem_bytes(head_size, block_rows);
+}
+
 constexpr int kKvWriteThreads = 128;  // write_kv_cache_kernel: one block per token
 
 struct PagedAttentionParams {

@@ -142,11 +142,8 @@ void paged_attention(Tensor out, Tensor query, Tensor kv_cache, Tensor block_tab
   const int block_rows = choose_block_rows(num_tokens, group, num_seqs);
   const int64_t tiles = row_tiles(num_tokens, group, num_seqs, block_rows);
   const int d = int(head_size);
-  const int smem = block_rows == kDecodeRows
-                       ? smem_request_for_residency(attention_smem_bytes(d, block_rows), decode_max_blocks_per_sm(d),
-                                                    driver::shared_memory_per_multiprocessor(device),
-                                                    driver::reserved_shared_memory_per_block(device))
-                       : attention_smem_bytes(d, block_rows);
+  const int smem = attention_launch_smem_bytes(d, block_rows, driver::shared_memory_per_multiprocessor(device),
+                                               driver::reserved_shared_memory_per_block(device));
   const LoadedKernel& kernel = loaded_kernel(device, paged_attention_kernel_name(sm70, d, block_rows),
                                              kThreadsPerBlock, smem);
   p.splits = choose_splits(num_splits, busy_row_tiles(num_tokens, group, num_seqs, block_rows), num_kv_heads,

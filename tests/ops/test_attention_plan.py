@@ -130,7 +130,7 @@ def test_decode_smem_request_caps_residency(tmp_path, head_size, what, smem_per_
     plan = f"attention_smem_bytes({head_size}, kDecodeRows)"
     cap = f"decode_max_blocks_per_sm({head_size})"
     plan_bytes, max_blocks, request = _evaluate(
-        tmp_path, [plan, cap, f"smem_request_for_residency({plan}, {cap}, {smem_per_sm}, {reserved})"])
+        tmp_path, [plan, cap, f"attention_launch_smem_bytes({head_size}, kDecodeRows, {smem_per_sm}, {reserved})"])
     def allocated(request_bytes: int) -> int:  # what a resident block takes of the SM
         return -(-(request_bytes + reserved) // 128) * 128
 
@@ -139,3 +139,11 @@ def test_decode_smem_request_caps_residency(tmp_path, head_size, what, smem_per_
     assert fitting <= max_blocks, (what, request, fitting)
     if max_blocks * allocated(plan_bytes) <= smem_per_sm:
         assert fitting == max_blocks, (what, request, fitting)
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+def test_prefill_launch_requests_its_plan(tmp_path, head_size):
+    """Prefill blocks are not held to a residency: their launch asks for exactly their shared-memory plan."""
+    plan, request = _evaluate(tmp_path, [f"attention_smem_bytes({head_size}, kPrefillRows)",
+                                         f"attention_launch_smem_bytes({head_size}, kPrefillRows, 233472, 1024)"])
+    assert request == plan
