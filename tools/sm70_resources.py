@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,11 @@ class Call:
 
     def seconds(self) -> tuple[float, float]:
         return v100.memory_seconds(self.bytes_moved), v100.tensor_seconds(self.mma)
+
+
+def natural_key(text: str) -> list:
+    """Sorts numbers inside names by value (M=2 before M=10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 def readable(name: str) -> str:
@@ -187,7 +193,9 @@ def report(commit: str) -> str:
         "refuses SM70, so HMMA is counted as PTX `mma.sync.aligned.m8n8k4` (each becomes the 4 HMMA.884 steps of a "
         "16×16×4 warp product on Volta).",
         "- Occupancy on a V100 (80 SMs; per SM 64 K registers in 256-register warp units, 96 KB shared memory, "
-        "2048 threads, 32 blocks): resident blocks per SM and the resource that limits them.",
+        "2048 threads, 32 blocks): resident blocks per SM and the resource that limits them. Dynamic shared memory "
+        "is what the launch requests on a V100: decode attention blocks ask for more than their plan to hold their "
+        "residency (attention_launch_smem_bytes).",
         "- `PTX mma` is the static count in the kernel's PTX (loop bodies as unrolled); `per unit of work` is the "
         "dynamic count per unit, derived from the tile loops in the source.",
         "- SM80-atom instantiations are not listed: the host never selects them below compute capability 8.0.",
@@ -195,7 +203,7 @@ def report(commit: str) -> str:
     ]
     for title, source, dynamic in families:
         _, reports = sm70_check.compile_family(source, dynamic)
-        volta = sorted((r for r in reports if "Sm80Mma" not in r.name), key=lambda r: readable(r.name))
+        volta = sorted((r for r in reports if "Sm80Mma" not in r.name), key=lambda r: natural_key(readable(r.name)))
         lines += [f"## {title}", "", "| kernel (sm_70) | registers | spill B | static smem B | dynamic smem B | "
                   "threads/block | blocks/SM (warps, occupancy) | limited by | PTX mma | m8n8k4 per unit of work |",
                   "|---|---:|---:|---:|---:|---:|---|---|---:|---|", *resource_rows(volta), ""]
