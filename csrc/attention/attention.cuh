@@ -135,6 +135,53 @@ __device__ __forceinline__ int vt_offset(int dim, int key) {
   return (dim % kPanelCols) * kSmemRowHalves + (dim / kPanelCols) * kTileKeys + key;
 }
 
+// Where a thread's vectors of the current KV tile are in the cache: per key slot its row (halves from the cache's
+// start, head included) and whether the key is visible, from block numbers requested a phase earlier. Keys before
+// key_begin are invisible to every row of the block, and vLLM may have freed their blocks (sliding window): zeros
+// instead of whatever the block table points at keep P·V free of NaN. Keys past seq_len have no block.
+template <class Map>
+struct KvSource {
+  int block[Map::kKeys];
+  int64_t row[Map::kKeys];
+  bool visible[Map::kKeys];
+
+  __device__ __forceinline__ static bool key_visible(int key, int key_begin, int seq_len) {
+    return key >= key_begin && key < seq_len;
+  }
+  __device__ __forceinline__ void request_blocks(const PagedAttentionParams& p, const int* blocks, int key0,
+                                                 int key_begin, int seq_len) {
+#pragma unroll
+    for (int k = 0; k < Map::kKeys; ++k) {
+      const int key = key0 + Map::key(threadIdx.x) + k * Map::kKeyStep;  // slot k's key
+      block[k] = key_visible(key, key_begin, seq_len) ? blocks[fast_quotient(p.block_size, key)] : 0;
+    }
+  }
+  __device__ __forceinline__ void set_rows(const PagedAttentionParams& p, int key0, int key_begin, int seq_len,
+                                           int64_t head_offset) {
+#pragma unroll
+    for (int k = 0; k < Map::kKeys; ++k) {
+      const int key = key0 + Map::key(threadIdx.x) + k * Map::kKeyStep;
+      int slot;
+      fast_divmod(p.block_size, key, slot);
+      visible[k] = key_visible(key, key_begin, seq_len);
+      row[k] = int64_t(block[k]) * p.cache_block_stride + int64_t(slot) * p.cache_slot_stride + head_offset +
+               Map::dim0(threadIdx.x);
+    }
+  }
+  // Vector j: its key slot by selects, not an index, so that a j the compiler does not know (rolled loops of prefill
+  // blocks) keeps the rows in registers.
+  __device__ __forceinline__ uint4 load(const uint16_t* cache, int j) const {
+    const int k = Map::key_slot(j);
+    int64_t key_row = row[0];
+    bool key_shown = visible[0];
+#pragma unroll
+    for (int i = 1; i < Map::kKeys; ++i)
+      if (k == i) key_row = row[i], key_shown = visible[i];
+    return key_shown ? *reinterpret_cast<const uint4*>(cache + key_row + Map::dim_offset(j))
+                     : make_uint4(0, 0, 0, 0);
+  }
+};
+
 // Decode blocks with several splits: the last split of a row tile to finish (arrived_last) merges them all, so a
 // decode call is one launch and splits without tiles cost next to nothing (the combine launch and empty splits were
 // ~4 µs of the 10.8 µs one-key call under a CUDA graph's split count on an H100, docs/attention.md). A decode tile has
@@ -328,13 +375,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   // all values, and all keys but at head_dim 256, whose O accumulators are live during P·V (16 staged keys there
   // spilled on sm_70); the 8 others then come in one group. Prefill blocks at head_dim 256 stage none: their O
   // accumulators hold the registers, and staging even one vector measured slower on the H200.
-  // Vector j of a thread, keys and values alike: key tid % 64 of the tile, dims (tid / 64)·8 + 16 j … +7. One key
-  // per thread means one block-table lookup per tile instead of one per vector (each lookup is a dependent global load
-  // before the vector's own: at head_dim 256 these chains were most of a short decode call); the next tile's block
-  // number is read with this tile's values, a phase before the next keys need it. Lanes take consecutive keys, so
-  // the 16-byte K stores of a quarter warp fall in distinct banks (rows of 136 halves) and the transposed 2-byte Vᵀ
-  // stores of a warp hit distinct words.
-  constexpr int kVectorsPerThread = kTileKeys * kChunks / kThreadsPerBlock;
+  // Which vectors a thread has: KvThreadMap. Decode blocks read keys along dims, and values too but for the SM70
+  // atom's transposed Vᵀ. Prefill blocks read both along keys: at head_dim 256 on sm_70 the rows of 4 keys per thread
+  // spill (255 registers), and their tiles' loads overlap other blocks' work. A thread's block numbers of a tile are
+  // one round of loads, read with the previous tile's values, a phase before the tile's keys need them (each lookup
+  // is a dependent global load before the vector's own).
+  constexpr bool kValuesKeyMajor = !Mma::kSm70Atom;  // see store_value_vector
+  using KeyMap = KvThreadMap<HeadDim, kDecode>;
+  using ValueMap = KvThreadMap<HeadDim, kDecode && kValuesKeyMajor>;
+  constexpr bool kOneSource = !kDecode || kValuesKeyMajor;  // one map, so one set of rows serves keys and values
+  constexpr int kVectorsPerThread = KeyMap::kVectors;
   constexpr int kStagedKeys = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
   constexpr int kStagedValues = kDecode ? kVectorsPerThread : kStagedKeys;
   // Prefill blocks: 2 (4 puts head_dim 128 at sm_70's 255 registers, on the edge of spilling; not measured).
@@ -342,30 +392,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   static_assert((kVectorsPerThread - kStagedKeys) % kInFlight == 0 &&
                     (kVectorsPerThread - kStagedValues) % kInFlight == 0,
                 "unstaged vectors come in groups of kInFlight");
-  const int thread_key = tid % kTileKeys;
-  // A thread's first dim is below the stride between its vectors, which divides a panel, so a vector's global and
-  // shared addresses are a per-thread base plus a constant per vector (immediate offsets, no address arithmetic).
-  constexpr int kVectorStride = kThreadsPerBlock / kTileKeys * 8;
-  static_assert(kPanelCols % kVectorStride == 0, "a thread's vectors stay inside a panel");
-  const int thread_dim0 = tid / kTileKeys * 8;
-  // Keys before key_begin are invisible to every row here, and vLLM may have freed their blocks (sliding window):
-  // zeros instead of whatever the block table points at keep P·V free of NaN. Keys past seq_len have no block.
-  auto key_visible = [&](int key0) {
-    const int key = key0 + thread_key;
-    return key >= key_begin && key < seq_len;
+  KvSource<KeyMap> key_source;
+  KvSource<ValueMap> value_only_source;  // the SM70 atom's values; unused otherwise
+  auto& value_source = [&]() -> auto& {
+    if constexpr (kOneSource) return key_source;
+    else return value_only_source;
+  }();
+  auto request_blocks = [&](int key0) {
+    key_source.request_blocks(p, blocks, key0, key_begin, seq_len);
+    if constexpr (!kOneSource) value_only_source.request_blocks(p, blocks, key0, key_begin, seq_len);
   };
-  auto cache_block = [&](int key0) {
-    return key_visible(key0) ? blocks[fast_quotient(p.block_size, key0 + thread_key)] : 0;
+  auto set_rows = [&](int key0) {
+    key_source.set_rows(p, key0, key_begin, seq_len, head_offset);
+    if constexpr (!kOneSource) value_only_source.set_rows(p, key0, key_begin, seq_len, head_offset);
   };
-  auto cache_row = [&](int key0, int block) {
-    int slot;
-    fast_divmod(p.block_size, key0 + thread_key, slot);
-    return int64_t(block) * p.cache_block_stride + int64_t(slot) * p.cache_slot_stride + head_offset;
-  };
-  // The first tile's block number is requested before Q, so that the two round trips overlap.
-  bool kv_row_visible = key_visible(tile_first * kTileKeys);
-  int64_t kv_row = cache_row(tile_first * kTileKeys, has_tiles ? cache_block(tile_first * kTileKeys) : 0);
+  uint4 staged[kStagedValues > 0 ? kStagedValues : 1];  // kStagedValues ≥ kStagedKeys
+  // The first tile's block numbers are requested before Q, so that the two round trips overlap.
   if (has_tiles) {
+    request_blocks(tile_first * kTileKeys);
 #pragma unroll 1
     for (int v0 = 0; v0 < kQVectorsPerThread; v0 += kQInFlight) {
       uint4 loaded[kQInFlight];
@@ -377,42 +421,44 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
         *reinterpret_cast<uint4*>(q_smem + panel_offset<BlockRows>(v / kChunks, (v % kChunks) * 8)) = loaded[i];
       }
     }
+    set_rows(tile_first * kTileKeys);
+#pragma unroll
+    for (int j = 0; j < kStagedKeys; ++j) staged[j] = key_source.load(p.key_cache, j);
   }
-  auto load_vector = [&](const uint16_t* cache, int j) {
-    const uint16_t* thread_row = cache + kv_row + thread_dim0;
-    return kv_row_visible ? *reinterpret_cast<const uint4*>(thread_row + j * kVectorStride) : make_uint4(0, 0, 0, 0);
-  };
-  uint16_t* const key_smem_thread = kv_smem + panel_offset<kTileKeys>(thread_key, thread_dim0);
+  // Shared memory: keys (and the SM80 atom's values) as rows of the tile, stored 16 bytes at a time; a quarter warp's
+  // 8 stores are 128 contiguous bytes of one key's row.
+  uint16_t* const key_smem_thread = kv_smem + panel_offset<kTileKeys>(KeyMap::key(tid), KeyMap::dim0(tid));
   auto store_key_vector = [&](int j, const uint4& value) {
-    *reinterpret_cast<uint4*>(key_smem_thread + panel_offset<kTileKeys>(0, j * kVectorStride)) = value;
+    const int offset = panel_offset<kTileKeys>(KeyMap::key_offset(j), KeyMap::dim_offset(j));
+    *reinterpret_cast<uint4*>(key_smem_thread + offset) = value;
   };
   // Values: the SM80 atom reads B fragments of V transposed by ldmatrix, so values are stored like keys (one 16-byte
   // store per vector); the SM70 atom has no such load and reads Vᵀ, stored 2 bytes at a time. Those transposed stores
   // were ~half of a decode block's instructions per tile at head_dim 256 (128 per thread and their addresses).
-  constexpr bool kValuesKeyMajor = !Mma::kSm70Atom;
   auto store_value_vector = [&](int j, const uint4& value) {
     if constexpr (kValuesKeyMajor) {
       store_key_vector(j, value);
     } else {
+      static_assert(ValueMap::kKeys == 1, "transposed values: one key per thread");
       const uint16_t* halves = reinterpret_cast<const uint16_t*>(&value);
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        kv_smem[vt_offset(thread_dim0 + e, thread_key) + vt_offset(j * kVectorStride, 0)] = halves[e];
+        kv_smem[vt_offset(ValueMap::dim0(tid) + e, ValueMap::key(tid)) + vt_offset(ValueMap::dim_offset(j), 0)] =
+            halves[e];
     }
   };
-  uint4 staged[kStagedValues > 0 ? kStagedValues : 1];  // kStagedValues ≥ kStagedKeys
   // A tile's vectors (keys or values) → smem. The first kInFlight past the staged ones are requested before the
   // staged ones are stored (a store waits for its staged load), so that those round trips overlap; the rest follow
   // kInFlight at a time. Called with constant arguments, so the counts fold and `staged` stays in registers.
   auto store_tile = [&](bool values) {
     const int staged_count = values ? kStagedValues : kStagedKeys;
-    const uint16_t* cache = values ? p.value_cache : p.key_cache;
+    auto load = [&](int j) { return values ? value_source.load(p.value_cache, j) : key_source.load(p.key_cache, j); };
     auto store = [&](int j, const uint4& value) { values ? store_value_vector(j, value) : store_key_vector(j, value); };
 #pragma unroll 1  // one group in flight: unrolled, the compiler hoists the next group's loads and spills on Volta
     for (int j0 = staged_count; j0 < kVectorsPerThread; j0 += kInFlight) {
       uint4 loaded[kInFlight];
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) loaded[i] = load_vector(cache, j0 + i);
+      for (int i = 0; i < kInFlight; ++i) loaded[i] = load(j0 + i);
       if (j0 == staged_count) {
 #pragma unroll
         for (int j = 0; j < staged_count; ++j) store(j, staged[j]);
@@ -425,8 +471,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
       for (int j = 0; j < staged_count; ++j) store(j, staged[j]);
     }
   };
-#pragma unroll
-  for (int j = 0; j < kStagedKeys; ++j) staged[j] = load_vector(p.key_cache, j);
 
   for (int tile = tile_first; tile < tile_end; ++tile) {
     const int key0 = tile * kTileKeys;
@@ -434,8 +478,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     store_tile(false);
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kStagedValues; ++j) staged[j] = load_vector(p.value_cache, j);
-    const int next_block = tile + 1 < tile_end ? cache_block(key0 + kTileKeys) : 0;
+    for (int j = 0; j < kStagedValues; ++j) staged[j] = value_source.load(p.value_cache, j);
+    if (tile + 1 < tile_end) request_blocks(key0 + kTileKeys);
     if (warp_has_rows) {
       float s[kWarpKeyStrips][8];
 #pragma unroll
@@ -507,10 +551,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     store_tile(true);
     __syncthreads();
     if (tile + 1 < tile_end) {
-      kv_row_visible = key_visible(key0 + kTileKeys);
-      kv_row = cache_row(key0 + kTileKeys, next_block);
+      set_rows(key0 + kTileKeys);
 #pragma unroll
-      for (int j = 0; j < kStagedKeys; ++j) staged[j] = load_vector(p.key_cache, j);
+      for (int j = 0; j < kStagedKeys; ++j) staged[j] = key_source.load(p.key_cache, j);
     }
 
     if (warp_has_rows) {

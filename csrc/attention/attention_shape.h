@@ -43,6 +43,35 @@ VOLTA_FP4_HOST_DEVICE inline SplitShare split_share(int tiles, int splits) {
   return {tiles_per_split, tiles_per_split > 0 ? (tiles + tiles_per_split - 1) / tiles_per_split : 0};
 }
 
+// How a KV tile (kTileKeys keys × HeadDim dims) is shared among the block's threads, in 16-byte vectors.
+// Along dims: 8 consecutive lanes read 128 contiguous bytes of one key's row, so a warp's load touches 4 cache lines
+//   instead of one per lane; a 16-byte load per line and lane cost a data-pipe cycle of L1 per lane, ~2 µs per tile's
+//   64 KB through one SM at head_dim 256, the bulk of a short decode call. A thread has 4 keys, 16 apart (rows of a
+//   quarter warp's stores are 128 contiguous bytes: no bank conflicts), and HeadDim / 64 dim vectors of each.
+// Along keys: lane t has key t % 64 alone. The SM70 atom's values stay so: they are stored transposed, 2 bytes at a
+//   time, and lanes on consecutive keys hit consecutive bytes of a Vᵀ row, where lanes on one key's dims would hit
+//   rows 8 apart, one bank.
+// Vector j of thread tid: key key(tid) + key_offset(j), dims dim0(tid) + dim_offset(j) … + 7. A thread's first dim is
+// below kDimStep, which divides a panel, so a vector's shared-memory offset is a per-thread base plus a constant, and
+// its global one the row of its key slot plus a constant.
+template <int HeadDim, bool kAlongDims>
+struct KvThreadMap {
+  static constexpr int kLanesPerRun = 8;  // 8 × 16 bytes: a cache line of one key's row
+  static constexpr int kVectors = kTileKeys * (HeadDim / 8) / kThreadsPerBlock;
+  static constexpr int kKeys = kAlongDims ? kTileKeys * kLanesPerRun / kThreadsPerBlock : 1;
+  static constexpr int kDimVectors = kVectors / kKeys;
+  static constexpr int kKeyStep = kTileKeys / kKeys;
+  static constexpr int kDimStep = kAlongDims ? kLanesPerRun * 8 : kThreadsPerBlock / kTileKeys * 8;
+  static_assert(kPanelCols % kDimStep == 0 && kDimVectors * kKeys == kVectors, "vectors stay inside a panel");
+  VOLTA_FP4_HOST_DEVICE static int key(int tid) { return kAlongDims ? tid / kLanesPerRun : tid % kTileKeys; }
+  VOLTA_FP4_HOST_DEVICE static int dim0(int tid) {
+    return (kAlongDims ? tid % kLanesPerRun : tid / kTileKeys) * 8;
+  }
+  VOLTA_FP4_HOST_DEVICE static constexpr int key_slot(int j) { return j / kDimVectors; }
+  VOLTA_FP4_HOST_DEVICE static constexpr int key_offset(int j) { return key_slot(j) * kKeyStep; }
+  VOLTA_FP4_HOST_DEVICE static constexpr int dim_offset(int j) { return j % kDimVectors * kDimStep; }
+};
+
 // Shared-memory plan of paged_attention_kernel<·, HeadDim, BlockRows>, in rows of kSmemRowHalves halves, plus (decode
 // blocks) the fp32 row statistics the warps exchange: [kWarps][kWarpRows] each.
 template <int HeadDim, int BlockRows>

@@ -117,6 +117,45 @@ def test_split_share_covers_every_tile_once_and_merges_few_splits(tmp_path):
             assert per_split == -(-tiles // splits), case
 
 
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("along_dims", [True, False], ids=["along-dims", "along-keys"])
+def test_kv_thread_map_covers_the_tile_once(tmp_path, head_size, along_dims):
+    """KvThreadMap, which of a KV tile's 16-byte vectors each of the block's threads loads and stores
+    (paged_attention_kernel): every (key, 8 dims) of the 64-key tile exactly once; a thread's vectors inside the panel
+    of their dim offset (so that shared-memory offsets are a per-thread base plus a constant); along dims, each run of
+    8 lanes reads 128 contiguous, aligned bytes of one key (one cache line); along keys, a warp's lanes take 32
+    consecutive keys at the same dims (the SM70 atom's transposed value stores)."""
+    map_type = f"KvThreadMap<{head_size}, {'true' if along_dims else 'false'}>"
+    body = [f"  using Map = {map_type};",
+            "  for (int tid = 0; tid < kThreadsPerBlock; ++tid)",
+            "    for (int j = 0; j < Map::kVectors; ++j)",
+            '      std::printf("%d %d %d %d %d %d\\n", tid, j, Map::key(tid), Map::key_offset(j), Map::dim0(tid), '
+            "Map::dim_offset(j));",
+            '  std::printf("%d %d\\n", kTileKeys, kPanelCols);']
+    lines = run_host_program(tmp_path, ["attention/attention_shape.h"], body,
+                             preamble="using namespace volta_fp4::attention;").splitlines()
+    tile_keys, panel = map(int, lines[-1].split())
+    vectors = [tuple(map(int, line.split())) for line in lines[:-1]]
+    covered = sorted((key + key_offset, dim0 + dim_offset) for _, _, key, key_offset, dim0, dim_offset in vectors)
+    assert covered == [(key, dim) for key in range(tile_keys) for dim in range(0, head_size, 8)]
+    for tid, j, key, key_offset, dim0, dim_offset in vectors:
+        assert (dim0 + dim_offset) // panel == dim_offset // panel and dim0 + dim_offset % panel < panel, (tid, j)
+    by_vector = {}
+    for tid, j, key, key_offset, dim0, dim_offset in vectors:
+        by_vector.setdefault((tid // 32, j), []).append((key + key_offset, dim0 + dim_offset))
+    for (warp, j), lanes in by_vector.items():
+        assert len(lanes) == 32, (warp, j)
+        if along_dims:
+            for run in range(0, 32, 8):
+                keys = {key for key, _ in lanes[run:run + 8]}
+                dims = [dim for _, dim in lanes[run:run + 8]]
+                assert len(keys) == 1 and dims == list(range(dims[0], dims[0] + 64, 8)) and dims[0] % 64 == 0, \
+                    (warp, j, run)
+        else:
+            assert [key for key, _ in lanes] == list(range(lanes[0][0], lanes[0][0] + 32)), (warp, j)
+            assert len({dim for _, dim in lanes}) == 1, (warp, j)
+
+
 # Shared memory per SM and reserved bytes per block: (what, bytes per SM, reserved per block). Hopper / Ampere / Ada
 # / Volta, as their CUDA device attributes report them.
 SMS = [("H100/H200", 233472, 1024), ("A100", 167936, 1024), ("RTX 4090", 102400, 1024), ("V100", 98304, 0)]
