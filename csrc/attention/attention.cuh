@@ -31,8 +31,8 @@
 //
 // ─── Block (4 warps, R = 64 or 16 rows, 64-key tiles) ───────────────────────────────────────────────────────
 // Per KV tile: keys → smem; S = Q·Kᵀ (fp32); mask; online softmax in fp32 in registers (row max and rescale, exp2
-// with the scale folded in); P → smem as fp16; values → smem (SM70 atom: transposed, Vᵀ with keys contiguous; SM80
-// atom: like keys, read transposed by ldmatrix); O += P·V.
+// with the scale folded in); P → smem as fp16; values → smem like keys, a row per key (the B of P·V in k-major form:
+// m8n8k4's row-major B fragment on the SM70 atom, transposed by ldmatrix on the SM80 atom); O += P·V.
 // Prefill blocks (R = 64): warp w owns rows 16w … 16w+15, all 64 keys of S and all head dims of O, so softmax
 //   statistics never leave the warp.
 // Decode blocks (R = 16, the host's choice for batches of few rows per sequence: one token's heads of a GQA group, or
@@ -43,10 +43,9 @@
 //   partial row sums add up at the end), and warp w accumulates O for head dims w·D/4 … (w+1)·D/4 − 1 over all 64 keys.
 //   O is a quarter of the prefill block's per lane, which leaves the registers to stage a tile's K and V per thread
 //   (at head_dim 256 all values, half the keys): the values load while S is computed, the next keys while P·V is.
-// Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read: Q and K store head
-// dims ≥ 128 as a second panel of rows; Vᵀ stores dims ≥ 128 in columns 64 … 127 of the rows of dims − 128. K and
-// Vᵀ share one buffer (they are not live together), which keeps head_dim 256 at 85 KB (prefill blocks; decode
-// blocks 47 KB), inside Volta's 96 KB per block.
+// Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read: Q, K and V store head
+// dims ≥ 128 as a second panel of rows. K and V share one buffer (they are not live together), which keeps head_dim
+// 256 at 85 KB (prefill blocks; decode blocks 47 KB), inside Volta's 96 KB per block.
 #pragma once
 
 #include "attention/attention_shape.h"
@@ -129,10 +128,6 @@ __device__ __forceinline__ int row_token(const PagedAttentionParams& p, int q_be
 template <int Rows>
 __device__ __forceinline__ int panel_offset(int row, int col) {
   return ((col / kPanelCols) * Rows + row) * kSmemRowHalves + col % kPanelCols;
-}
-// Offset of (dim, key) in the Vᵀ tile: dims ≥ 128 share the rows of dims − 128, in columns 64 … 127.
-__device__ __forceinline__ int vt_offset(int dim, int key) {
-  return (dim % kPanelCols) * kSmemRowHalves + (dim / kPanelCols) * kTileKeys + key;
 }
 
 // Where a thread's vectors of the current KV tile are in the cache: per key slot its row (halves from the cache's
@@ -375,16 +370,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   // all values, and all keys but at head_dim 256, whose O accumulators are live during P·V (16 staged keys there
   // spilled on sm_70); the 8 others then come in one group. Prefill blocks at head_dim 256 stage none: their O
   // accumulators hold the registers, and staging even one vector measured slower on the H200.
-  // Which vectors a thread has: KvThreadMap. Decode blocks read keys along dims, and values too but for the SM70
-  // atom's transposed Vᵀ. Prefill blocks read both along keys: at head_dim 256 on sm_70 the rows of 4 keys per thread
-  // spill (255 registers), and their tiles' loads overlap other blocks' work. A thread's block numbers of a tile are
-  // one round of loads, read with the previous tile's values, a phase before the tile's keys need them (each lookup
-  // is a dependent global load before the vector's own).
-  constexpr bool kValuesKeyMajor = !Mma::kSm70Atom;  // see store_value_vector
-  using KeyMap = KvThreadMap<HeadDim, kDecode>;
-  using ValueMap = KvThreadMap<HeadDim, kDecode && kValuesKeyMajor>;
-  constexpr bool kOneSource = !kDecode || kValuesKeyMajor;  // one map, so one set of rows serves keys and values
-  constexpr int kVectorsPerThread = KeyMap::kVectors;
+  // Which vectors a thread has: KvThreadMap, for keys and values alike (one set of cache rows serves both). Decode
+  // blocks read along dims; prefill blocks along keys: at head_dim 256 on sm_70 the rows of 4 keys per thread spill
+  // (255 registers). A thread's block numbers of a tile are one round of loads, read with the previous tile's
+  // values, a phase before the tile's keys need them (each lookup is a dependent global load before the vector's
+  // own).
+  using KvMap = KvThreadMap<HeadDim, kDecode>;
+  constexpr int kVectorsPerThread = KvMap::kVectors;
   constexpr int kStagedKeys = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
   constexpr int kStagedValues = kDecode ? kVectorsPerThread : kStagedKeys;
   // Prefill blocks: 2 (4 puts head_dim 128 at sm_70's 255 registers, on the edge of spilling; not measured).
@@ -392,24 +384,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   static_assert((kVectorsPerThread - kStagedKeys) % kInFlight == 0 &&
                     (kVectorsPerThread - kStagedValues) % kInFlight == 0,
                 "unstaged vectors come in groups of kInFlight");
-  KvSource<KeyMap> key_source;
-  KvSource<ValueMap> value_only_source;  // the SM70 atom's values; unused otherwise
-  auto& value_source = [&]() -> auto& {
-    if constexpr (kOneSource) return key_source;
-    else return value_only_source;
-  }();
-  auto request_blocks = [&](int key0) {
-    key_source.request_blocks(p, blocks, key0, key_begin, seq_len);
-    if constexpr (!kOneSource) value_only_source.request_blocks(p, blocks, key0, key_begin, seq_len);
-  };
-  auto set_rows = [&](int key0) {
-    key_source.set_rows(p, key0, key_begin, seq_len, head_offset);
-    if constexpr (!kOneSource) value_only_source.set_rows(p, key0, key_begin, seq_len, head_offset);
-  };
+  KvSource<KvMap> kv_source;
   uint4 staged[kStagedValues > 0 ? kStagedValues : 1];  // kStagedValues ≥ kStagedKeys
   // The first tile's block numbers are requested before Q, so that the two round trips overlap.
   if (has_tiles) {
-    request_blocks(tile_first * kTileKeys);
+    kv_source.request_blocks(p, blocks, tile_first * kTileKeys, key_begin, seq_len);
 #pragma unroll 1
     for (int v0 = 0; v0 < kQVectorsPerThread; v0 += kQInFlight) {
       uint4 loaded[kQInFlight];
@@ -421,54 +400,38 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
         *reinterpret_cast<uint4*>(q_smem + panel_offset<BlockRows>(v / kChunks, (v % kChunks) * 8)) = loaded[i];
       }
     }
-    set_rows(tile_first * kTileKeys);
+    kv_source.set_rows(p, tile_first * kTileKeys, key_begin, seq_len, head_offset);
 #pragma unroll
-    for (int j = 0; j < kStagedKeys; ++j) staged[j] = key_source.load(p.key_cache, j);
+    for (int j = 0; j < kStagedKeys; ++j) staged[j] = kv_source.load(p.key_cache, j);
   }
-  // Shared memory: keys (and the SM80 atom's values) as rows of the tile, stored 16 bytes at a time; a quarter warp's
-  // 8 stores are 128 contiguous bytes of one key's row.
-  uint16_t* const key_smem_thread = kv_smem + panel_offset<kTileKeys>(KeyMap::key(tid), KeyMap::dim0(tid));
-  auto store_key_vector = [&](int j, const uint4& value) {
-    const int offset = panel_offset<kTileKeys>(KeyMap::key_offset(j), KeyMap::dim_offset(j));
-    *reinterpret_cast<uint4*>(key_smem_thread + offset) = value;
-  };
-  // Values: the SM80 atom reads B fragments of V transposed by ldmatrix, so values are stored like keys (one 16-byte
-  // store per vector); the SM70 atom has no such load and reads Vᵀ, stored 2 bytes at a time. Those transposed stores
-  // were ~half of a decode block's instructions per tile at head_dim 256 (128 per thread and their addresses).
-  auto store_value_vector = [&](int j, const uint4& value) {
-    if constexpr (kValuesKeyMajor) {
-      store_key_vector(j, value);
-    } else {
-      static_assert(ValueMap::kKeys == 1, "transposed values: one key per thread");
-      const uint16_t* halves = reinterpret_cast<const uint16_t*>(&value);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        kv_smem[vt_offset(ValueMap::dim0(tid) + e, ValueMap::key(tid)) + vt_offset(ValueMap::dim_offset(j), 0)] =
-            halves[e];
-    }
+  // Shared memory: keys and values alike as rows of the tile (P·V reads values as a k-major B: load_b_k_major),
+  // stored 16 bytes at a time; along dims, a quarter warp's 8 stores are 128 contiguous bytes of one key's row.
+  uint16_t* const kv_smem_thread = kv_smem + panel_offset<kTileKeys>(KvMap::key(tid), KvMap::dim0(tid));
+  auto store_vector = [&](int j, const uint4& value) {
+    const int offset = panel_offset<kTileKeys>(KvMap::key_offset(j), KvMap::dim_offset(j));
+    *reinterpret_cast<uint4*>(kv_smem_thread + offset) = value;
   };
   // A tile's vectors (keys or values) → smem. The first kInFlight past the staged ones are requested before the
   // staged ones are stored (a store waits for its staged load), so that those round trips overlap; the rest follow
   // kInFlight at a time. Called with constant arguments, so the counts fold and `staged` stays in registers.
   auto store_tile = [&](bool values) {
     const int staged_count = values ? kStagedValues : kStagedKeys;
-    auto load = [&](int j) { return values ? value_source.load(p.value_cache, j) : key_source.load(p.key_cache, j); };
-    auto store = [&](int j, const uint4& value) { values ? store_value_vector(j, value) : store_key_vector(j, value); };
+    const uint16_t* cache = values ? p.value_cache : p.key_cache;
 #pragma unroll 1  // one group in flight: unrolled, the compiler hoists the next group's loads and spills on Volta
     for (int j0 = staged_count; j0 < kVectorsPerThread; j0 += kInFlight) {
       uint4 loaded[kInFlight];
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) loaded[i] = load(j0 + i);
+      for (int i = 0; i < kInFlight; ++i) loaded[i] = kv_source.load(cache, j0 + i);
       if (j0 == staged_count) {
 #pragma unroll
-        for (int j = 0; j < staged_count; ++j) store(j, staged[j]);
+        for (int j = 0; j < staged_count; ++j) store_vector(j, staged[j]);
       }
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) store(j0 + i, loaded[i]);
+      for (int i = 0; i < kInFlight; ++i) store_vector(j0 + i, loaded[i]);
     }
     if (staged_count == kVectorsPerThread) {
 #pragma unroll
-      for (int j = 0; j < staged_count; ++j) store(j, staged[j]);
+      for (int j = 0; j < staged_count; ++j) store_vector(j, staged[j]);
     }
   };
 
@@ -478,8 +441,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     store_tile(false);
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kStagedValues; ++j) staged[j] = value_source.load(p.value_cache, j);
-    if (tile + 1 < tile_end) request_blocks(key0 + kTileKeys);
+    for (int j = 0; j < kStagedValues; ++j) staged[j] = kv_source.load(p.value_cache, j);
+    if (tile + 1 < tile_end) kv_source.request_blocks(p, blocks, key0 + kTileKeys, key_begin, seq_len);
     if (warp_has_rows) {
       float s[kWarpKeyStrips][8];
 #pragma unroll
@@ -551,9 +514,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     store_tile(true);
     __syncthreads();
     if (tile + 1 < tile_end) {
-      set_rows(key0 + kTileKeys);
+      kv_source.set_rows(p, key0 + kTileKeys, key_begin, seq_len, head_offset);
 #pragma unroll
-      for (int j = 0; j < kStagedKeys; ++j) staged[j] = key_source.load(p.key_cache, j);
+      for (int j = 0; j < kStagedKeys; ++j) staged[j] = kv_source.load(p.key_cache, j);
     }
 
     if (warp_has_rows) {
@@ -562,14 +525,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 #pragma unroll
         for (int n = 0; n < kWarpStrips; ++n) {
           typename Mma::template Frags<kWarpRows> f;
-          const int dim0 = (dim_strip0 + n) * 16;
-          if constexpr (kValuesKeyMajor) {  // V as stored: key rows, the strip's 16 dims in panel dim0 / 128
-            Mma::template load_a<kWarpRows>(f, p_warp, k, lane);
-            Mma::template load_b_k_major<kWarpRows>(f, kv_smem + panel_offset<kTileKeys>(0, dim0), k, lane);
-          } else {  // the atom reads P and Vᵀ at the same column k; Vᵀ's column offset for dims ≥ 128 is in the pointer
-            Mma::template load<kWarpRows>(f, p_warp, kv_smem + vt_offset(dim0, 0), k, lane);
-          }
-          Mma::template mma<kWarpRows>(o[n], f);
+          const int dim0 = (dim_strip0 + n) * 16;  // V as stored: key rows, the strip's 16 dims in panel dim0 / 128
+          Mma::template load_a<kWarpRows>(f, p_warp, k, lane);
+          Mma::template load_b_k_major<kWarpRows>(f, kv_smem + panel_offset<kTileKeys>(0, dim0), k, lane);
+          Mma::template mma<kWarpRows, true>(o[n], f);
         }
     }
   }

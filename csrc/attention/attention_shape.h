@@ -44,13 +44,13 @@ VOLTA_FP4_HOST_DEVICE inline SplitShare split_share(int tiles, int splits) {
 }
 
 // How a KV tile (kTileKeys keys × HeadDim dims) is shared among the block's threads, in 16-byte vectors.
-// Along dims: 8 consecutive lanes read 128 contiguous bytes of one key's row, so a warp's load touches 4 cache lines
-//   instead of one per lane; a 16-byte load per line and lane cost a data-pipe cycle of L1 per lane, ~2 µs per tile's
-//   64 KB through one SM at head_dim 256, the bulk of a short decode call. A thread has 4 keys, 16 apart (rows of a
-//   quarter warp's stores are 128 contiguous bytes: no bank conflicts), and HeadDim / 64 dim vectors of each.
-// Along keys: lane t has key t % 64 alone. The SM70 atom's values stay so: they are stored transposed, 2 bytes at a
-//   time, and lanes on consecutive keys hit consecutive bytes of a Vᵀ row, where lanes on one key's dims would hit
-//   rows 8 apart, one bank.
+// Along dims (decode blocks): 8 consecutive lanes read 128 contiguous bytes of one key's row, so a warp's load
+//   touches 4 cache lines instead of 32, one per lane (at a short decode call's few blocks, L1 would pass each SM's
+//   64 KB of a head_dim-256 tile 16 bytes per line at a time; expected, not yet measured). A thread has 4 keys, 16
+//   apart, and HeadDim / 64 vectors of each; a quarter warp's 16-byte stores fill 128 contiguous bytes of a row (no
+//   bank conflicts).
+// Along keys (prefill blocks): lane t has key t % 64 alone, one cache row per thread: the rows of 4 keys spill at
+//   head_dim 256 on sm_70.
 // Vector j of thread tid: key key(tid) + key_offset(j), dims dim0(tid) + dim_offset(j) … + 7. A thread's first dim is
 // below kDimStep, which divides a panel, so a vector's shared-memory offset is a per-thread base plus a constant, and
 // its global one the row of its key slot plus a constant.
@@ -80,9 +80,7 @@ struct SmemPlan {
   static_assert(BlockRows == kPrefillRows || BlockRows == kDecodeRows, "block rows must be 64 or 16");
   static constexpr int kPanels = (HeadDim + kPanelCols - 1) / kPanelCols;
   static constexpr int kQRows = kPanels * BlockRows;
-  static constexpr int kKRows = kPanels * kTileKeys;
-  static constexpr int kVtRows = HeadDim < kPanelCols ? HeadDim : kPanelCols;
-  static constexpr int kKvRows = kKRows > kVtRows ? kKRows : kVtRows;
+  static constexpr int kKvRows = kPanels * kTileKeys;  // keys, then values: rows of the tile, like Q
   static constexpr int kPRows = BlockRows;
   static constexpr int kHalvesBytes = (kQRows + kKvRows + kPRows) * kSmemRowHalves * 2;
   static constexpr int kStatFloats = BlockRows == kDecodeRows ? kWarps * kWarpRows : 0;

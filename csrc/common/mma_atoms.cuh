@@ -49,17 +49,34 @@ struct Sm70Mma {
     load_a<BM, RowHalves>(f, sx, k, lane);
     load_b<BM, RowHalves>(f, sw_strip, k, lane);
   }
-  template <int BM>
+  // B of the same 16 columns from a [k][column] tile (rows k, the strip's 16 columns contiguous from sw_col), in
+  // m8n8k4's row-major B fragment: lane holds B[k + lane % 4][4 columns, the upper 4 of its quad-pair's 8 for lanes
+  // ≥ 16]. Multiply it with mma<BM, true>.
+  template <int BM, int RowHalves = kSmemRowHalves>
+  __device__ __forceinline__ static void load_b_k_major(Frags<BM>& f, const uint16_t* sw_col, int k, int lane) {
+    const int quad_pair = (lane >> 2) & 3;
+    f.b = *reinterpret_cast<const uint2*>(sw_col + (k + (lane & 3)) * RowHalves + (quad_pair >> 1) * 8 +
+                                          ((lane >> 4) << 2));
+  }
+  // kBKMajor: f.b came from load_b_k_major (row-major B fragment).
+  template <int BM, bool kBKMajor = false>
   __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
 #pragma unroll
     for (int mt = 0; mt < BM / 16; ++mt) {
       float* c = acc + mt * 8;
 #if defined(__CUDA_ARCH__)
-      asm(
-          "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, {%10,%11}, "
-          "{%0,%1,%2,%3,%4,%5,%6,%7};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
-          : "r"(f.a[mt].x), "r"(f.a[mt].y), "r"(f.b.x), "r"(f.b.y));
+// One m8n8k4 with B in the given layout (the only difference between the two forms).
+#define VOLTA_FP4_HMMA_M8N8K4(B_LAYOUT)                                                                 \
+  asm("mma.sync.aligned.m8n8k4.row." B_LAYOUT ".f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, "  \
+      "{%10,%11}, {%0,%1,%2,%3,%4,%5,%6,%7};\n"                                                        \
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7]) \
+      : "r"(f.a[mt].x), "r"(f.a[mt].y), "r"(f.b.x), "r"(f.b.y))
+      if constexpr (kBKMajor) {
+        VOLTA_FP4_HMMA_M8N8K4("row");
+      } else {
+        VOLTA_FP4_HMMA_M8N8K4("col");
+      }
+#undef VOLTA_FP4_HMMA_M8N8K4
 #endif
     }
   }
@@ -163,7 +180,8 @@ struct Sm80Mma {
     const int matrix = lane >> 3, row = lane & 7;
     ldmatrix_x4<true>(f.b, sw_col + (k + (matrix & 1) * 8 + row) * RowHalves + (matrix >> 1) * 8);
   }
-  template <int BM>
+  // kBKMajor: f.b came from load_b_k_major, already in the column-major B fragment (ldmatrix transposed it).
+  template <int BM, bool kBKMajor = false>
   __device__ __forceinline__ static void mma(float (&acc)[BM / 2], const Frags<BM>& f) {
 #pragma unroll
     for (int mt = 0; mt < BM / 16; ++mt) {

@@ -123,8 +123,8 @@ def test_kv_thread_map_covers_the_tile_once(tmp_path, head_size, along_dims):
     """KvThreadMap, which of a KV tile's 16-byte vectors each of the block's threads loads and stores
     (paged_attention_kernel): every (key, 8 dims) of the 64-key tile exactly once; a thread's vectors inside the panel
     of their dim offset (so that shared-memory offsets are a per-thread base plus a constant); along dims, each run of
-    8 lanes reads 128 contiguous, aligned bytes of one key (one cache line); along keys, a warp's lanes take 32
-    consecutive keys at the same dims (the SM70 atom's transposed value stores)."""
+    8 lanes reads 128 contiguous, aligned bytes of one key (one cache line: decode blocks); along keys, a warp's lanes
+    take 32 consecutive keys at the same dims, one key per thread (prefill blocks)."""
     map_type = f"KvThreadMap<{head_size}, {'true' if along_dims else 'false'}>"
     body = [f"  using Map = {map_type};",
             "  for (int tid = 0; tid < kThreadsPerBlock; ++tid)",
