@@ -7,6 +7,9 @@ dense contiguous [B, H, S, D] tensors with enable_gqa (it does not read a paged 
 cache with 16-token blocks in random order. Outputs are checked against SDPA before timing; times are CUDA-event
 medians of repeated calls after warm-up. Prints and writes a markdown table.
 
+``--short-decode``: decode calls of 1 key to 32 KV tiles at batch 1 and 16 by forced split count (where a short
+call's time goes: a tile against a key, a second tile in the split against a second split and its merge).
+
 ``--decode-sweep``: decode alone (issue #17's table), SM80 atom, head_dim 64/128/256 at GQA 6:1 and 8:1, batch
 1…64, context 128…32768, GPU time per call (launch hidden, as under CUDA graphs) with the kernel's own split count
 — for ``max_seq_len`` = the context (eager) and = the longest context (what a FULL CUDA graph passes: the engine's
@@ -16,6 +19,7 @@ outputs are NaN-free and agree across split counts, and each shape's outputs are
 
     python benchmarks/bench_attention.py --out benchmarks/results/attention-h200.md [--quick]
     python benchmarks/bench_attention.py --decode-sweep --out benchmarks/results/attention-decode-h200.md
+    python benchmarks/bench_attention.py --short-decode --sweep-shape Qwen3.8 --out /tmp/short.md
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ SWEEP_MODELS = [("d256 GQA 6:1 (Qwen3.8-27B)", 24, 4, 256), ("d256 GQA 8:1", 32,
 SWEEP_BATCHES = [1, 4, 16, 64]
 SWEEP_CONTEXTS = [128, 512, 2048, 4096, 8192, 32768]
 SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64]
+# --short-decode: batches, contexts (1 key, a part of a tile, 1 tile, 1 tile + 1 key, 2 / 8 / 32 tiles), forced splits
+SHORT_BATCHES = [1, 16]
+SHORT_CONTEXTS = [1, 16, 64, 65, 128, 512, 2048]
+SHORT_SPLITS = [1, 2, 4, 8]
 
 
 def run_case(kind: str, model: tuple, batch_size: int, length: int, repeats: int) -> dict:
@@ -108,23 +116,30 @@ def random_decode_batch(batch_size: int, context: int, kv_heads: int, head_size:
             "seq_lens": torch.full((batch_size,), context, dtype=torch.int32, device="cuda")}
 
 
+def timed_decode(batch: dict, query: torch.Tensor, max_seq_len: int, splits: int, repeats: int,
+                 what: str) -> tuple[float, torch.Tensor]:
+    """GPU µs of one SM80-atom decode call (launch hidden) with `splits` (0: the kernel's count) and its output,
+    checked NaN-free (it starts as NaN)."""
+    out = torch.full_like(query, float("nan"))
+    scale = 1.0 / math.sqrt(query.shape[-1])
+
+    def call():
+        attention.paged_attention(query, batch["kv_cache"], batch["block_table"], batch["query_start_loc"],
+                                  batch["seq_lens"], max_seq_len, scale, out=out, mma=80, num_splits=splits)
+
+    call()
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), f"{what} splits={splits}: NaN in the output"
+    return median_ms(call, repeats, hide_launch=True) * 1e3, out
+
+
 def sweep_case(model: tuple, batch_size: int, context: int, repeats: int, bandwidth: float) -> dict:
     name, heads, kv_heads, head_size = model
     batch = random_decode_batch(batch_size, context, kv_heads, head_size, seed=context + batch_size)
     query = torch.randn((batch_size, heads, head_size), device="cuda", dtype=torch.float16)
-    scale = 1.0 / math.sqrt(head_size)
 
     def timed(max_seq_len: int, splits: int) -> tuple[float, torch.Tensor]:
-        out = torch.full_like(query, float("nan"))
-
-        def call():
-            attention.paged_attention(query, batch["kv_cache"], batch["block_table"], batch["query_start_loc"],
-                                      batch["seq_lens"], max_seq_len, scale, out=out, mma=80, num_splits=splits)
-
-        call()
-        torch.cuda.synchronize()
-        assert not out.isnan().any(), f"{name} B={batch_size} ctx={context} splits={splits}: NaN in the output"
-        return median_ms(call, repeats, hide_launch=True) * 1e3, out
+        return timed_decode(batch, query, max_seq_len, splits, repeats, f"{name} B={batch_size} ctx={context}")
 
     def agrees(out: torch.Tensor, what: str) -> None:  # every split count computes the same attention
         error = float((out.float() - expected.float()).abs().max())
@@ -186,6 +201,29 @@ def decode_sweep(args, repeats: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def short_decode(args, repeats: int) -> str:
+    """Where a short decode call's time goes: forced split counts from one key to a few KV tiles (64 keys each), so
+    that one tile against one key, a second tile in the same split against a second split, and the merge show."""
+    model = next(model for model in SWEEP_MODELS if args.sweep_shape in model[0])
+    name, heads, kv_heads, head_size = model
+    lines = [f"# Short decode calls by split count — {torch.cuda.get_device_name()}", "",
+             f"{datetime.date.today()}, commit {args.commit}, {name}, SM80 atom, fp16, {BLOCK_SIZE}-token blocks in "
+             f"random order. GPU µs per call (median of {repeats}, launch hidden); the kernel uses no more splits "
+             "than KV tiles.", "",
+             "| batch | context | " + " | ".join(f"{s} split{'s' * (s > 1)}" for s in SHORT_SPLITS) +
+             " | kernel's count |",
+             "|---:|---:|" + "---:|" * (len(SHORT_SPLITS) + 1)]
+    for batch_size in SHORT_BATCHES:
+        for context in SHORT_CONTEXTS:
+            batch = random_decode_batch(batch_size, context, kv_heads, head_size, seed=context + batch_size)
+            query = torch.randn((batch_size, heads, head_size), device="cuda", dtype=torch.float16)
+            what = f"{name} B={batch_size} ctx={context}"
+            times = [timed_decode(batch, query, context, splits, repeats, what)[0] for splits in SHORT_SPLITS + [0]]
+            lines.append(f"| {batch_size} | {context} | " + " | ".join(f"{us:.1f}" for us in times) + " |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
+
+
 def comparison_table(args, repeats: int) -> str:
     rows = []
     for model in MODELS:
@@ -215,10 +253,13 @@ def main() -> None:
     parser.add_argument("--commit", default="uncommitted")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--decode-sweep", action="store_true", help="issue #17's decode table instead")
+    parser.add_argument("--short-decode", action="store_true",
+                        help="short decode calls by forced split count (the first --sweep-shape match)")
     parser.add_argument("--sweep-shape", default="", help="only the sweep's shapes whose name contains this")
     args = parser.parse_args()
     repeats = 5 if args.quick else 20
-    table = (decode_sweep if args.decode_sweep else comparison_table)(args, repeats)
+    mode = decode_sweep if args.decode_sweep else short_decode if args.short_decode else comparison_table
+    table = mode(args, repeats)
     print(table)
     with open(args.out, "w") as handle:
         handle.write(table)
