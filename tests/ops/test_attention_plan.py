@@ -138,7 +138,7 @@ def test_kv_thread_map_covers_the_tile_once(tmp_path, head_size, along_dims):
     vectors = [tuple(map(int, line.split())) for line in lines[:-1]]
     covered = sorted((key + key_offset, dim0 + dim_offset) for _, _, key, key_offset, dim0, dim_offset in vectors)
     assert covered == [(key, dim) for key in range(tile_keys) for dim in range(0, head_size, 8)]
-    for tid, j, key, key_offset, dim0, dim_offset in vectors:
+    for tid, j, _, _, dim0, dim_offset in vectors:
         assert (dim0 + dim_offset) // panel == dim_offset // panel and dim0 + dim_offset % panel < panel, (tid, j)
     by_vector = {}
     for tid, j, key, key_offset, dim0, dim_offset in vectors:
