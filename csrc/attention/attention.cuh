@@ -136,31 +136,35 @@ __device__ __forceinline__ int panel_offset(int row, int col) {
 // instead of whatever the block table points at keep P·V free of NaN. Keys past seq_len have no block.
 template <class Map>
 struct KvSource {
-  int block[Map::kKeys];
+  int block;  // of the key this lane looks up (Map::lookup_key)
   int64_t row[Map::kKeys];
   bool visible[Map::kKeys];
 
   __device__ __forceinline__ static bool key_visible(int key, int key_begin, int seq_len) {
     return key >= key_begin && key < seq_len;
   }
+  // One block-table load per lane, a phase before set_rows needs it.
   __device__ __forceinline__ void request_blocks(const PagedAttentionParams& p, const int* blocks, int key0,
                                                  int key_begin, int seq_len) {
-#pragma unroll
-    for (int k = 0; k < Map::kKeys; ++k) {
-      const int key = key0 + Map::key(threadIdx.x) + k * Map::kKeyStep;  // slot k's key
-      block[k] = key_visible(key, key_begin, seq_len) ? blocks[fast_quotient(p.block_size, key)] : 0;
-    }
+    const int key = key0 + Map::lookup_key(threadIdx.x);
+    block = key_visible(key, key_begin, seq_len) ? blocks[fast_quotient(p.block_size, key)] : 0;
   }
+  // The lookup lane turns its key into a cache row; each key slot takes its row from that lane (all lanes call this:
+  // the shuffles need the whole warp).
   __device__ __forceinline__ void set_rows(const PagedAttentionParams& p, int key0, int key_begin, int seq_len,
                                            int64_t head_offset) {
+    int slot;
+    fast_divmod(p.block_size, key0 + Map::lookup_key(threadIdx.x), slot);
+    const int64_t lookup_row =
+        int64_t(block) * p.cache_block_stride + int64_t(slot) * p.cache_slot_stride + head_offset;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int k = 0; k < Map::kKeys; ++k) {
       const int key = key0 + Map::key(threadIdx.x) + k * Map::kKeyStep;
-      int slot;
-      fast_divmod(p.block_size, key, slot);
       visible[k] = key_visible(key, key_begin, seq_len);
-      row[k] = int64_t(block[k]) * p.cache_block_stride + int64_t(slot) * p.cache_slot_stride + head_offset +
-               Map::dim0(threadIdx.x);
+      const int64_t key_row = Map::kKeys == 1 ? lookup_row
+                                              : __shfl_sync(0xffffffffu, lookup_row, Map::lookup_lane(lane, k));
+      row[k] = key_row + Map::dim0(threadIdx.x);
     }
   }
   // Vector j: its key slot by selects, not an index, so that a j the compiler does not know (rolled loops of prefill

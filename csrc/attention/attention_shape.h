@@ -66,6 +66,18 @@ struct KvThreadMap {
   VOLTA_FP4_HOST_DEVICE static int dim0(int tid) {
     return (kAlongDims ? tid % kLanesPerRun : tid / kTileKeys) * 8;
   }
+  // Block lookups: a warp's lanes have kWarpKeys distinct keys per key slot, kWarpKeys · kKeys in all (16 along dims),
+  // so each of them is looked up once, by lane lookup_lane(lane, k) of the warp; lane tid looks up lookup_key(tid)
+  // (lanes past the warp's keys repeat the first ones). Along keys every lane looks up its own key.
+  static constexpr int kWarpKeys = kAlongDims ? 32 / kLanesPerRun : 32;
+  static_assert(kWarpKeys * kKeys <= 32, "one lookup lane per key of a warp");
+  VOLTA_FP4_HOST_DEVICE static int lookup_key(int tid) {
+    const int lane = tid % 32;
+    return key(tid - lane) + lane % kWarpKeys + lane / kWarpKeys % kKeys * kKeyStep;
+  }
+  VOLTA_FP4_HOST_DEVICE static constexpr int lookup_lane(int lane, int k) {
+    return kAlongDims ? lane / kLanesPerRun + k * kWarpKeys : lane;
+  }
   VOLTA_FP4_HOST_DEVICE static constexpr int key_slot(int j) { return j / kDimVectors; }
   VOLTA_FP4_HOST_DEVICE static constexpr int key_offset(int j) { return key_slot(j) * kKeyStep; }
   VOLTA_FP4_HOST_DEVICE static constexpr int dim_offset(int j) { return j % kDimVectors * kDimStep; }

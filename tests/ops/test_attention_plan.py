@@ -156,6 +156,29 @@ def test_kv_thread_map_covers_the_tile_once(tmp_path, head_size, along_dims):
             assert len({dim for _, dim in lanes}) == 1, (warp, j)
 
 
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("along_dims", [True, False], ids=["along-dims", "along-keys"])
+def test_kv_block_lookups_serve_every_key_slot(tmp_path, head_size, along_dims):
+    """KvSource looks each of a warp's keys up once: the lane lookup_lane(lane, k) of a thread's warp looks up exactly
+    that thread's k-th key (the row it shuffles over), and along dims a warp makes one lookup per distinct key."""
+    map_type = f"KvThreadMap<{head_size}, {'true' if along_dims else 'false'}>"
+    body = [f"  using Map = {map_type};",
+            "  for (int tid = 0; tid < kThreadsPerBlock; ++tid)",
+            "    for (int k = 0; k < Map::kKeys; ++k)",
+            '      std::printf("%d %d %d %d\\n", tid, Map::key(tid) + k * Map::kKeyStep, '
+            "Map::lookup_key(tid - tid % 32 + Map::lookup_lane(tid % 32, k)), Map::lookup_key(tid));"]
+    lines = run_host_program(tmp_path, ["attention/attention_shape.h"], body,
+                             preamble="using namespace volta_fp4::attention;").splitlines()
+    rows = [tuple(map(int, line.split())) for line in lines]
+    assert rows and all(key == looked_up for _, key, looked_up, _ in rows), \
+        [row for row in rows if row[1] != row[2]][:4]
+    for warp in range(len({tid // 32 for tid, *_ in rows})):
+        needed = {key for tid, key, _, _ in rows if tid // 32 == warp}
+        lookups = {own for tid, _, _, own in rows if tid // 32 == warp}
+        assert lookups == needed, (warp, sorted(needed), sorted(lookups))
+        assert len(needed) == (16 if along_dims else 32), warp
+
+
 # Shared memory per SM and reserved bytes per block: (what, bytes per SM, reserved per block). Hopper / Ampere / Ada
 # / Volta, as their CUDA device attributes report them.
 SMS = [("H100/H200", 233472, 1024), ("A100", 167936, 1024), ("RTX 4090", 102400, 1024), ("V100", 98304, 0)]
