@@ -73,7 +73,7 @@ struct KvThreadMap {
   static_assert(kWarpKeys * kKeys <= 32, "one lookup lane per key of a warp");
   VOLTA_FP4_HOST_DEVICE static int lookup_key(int tid) {
     const int lane = tid % 32;
-    return key(tid - lane) + lane % kWarpKeys + lane / kWarpKeys % kKeys * kKeyStep;
+    return kAlongDims ? key(tid - lane) + lane % kWarpKeys + lane / kWarpKeys % kKeys * kKeyStep : key(tid);
   }
   VOLTA_FP4_HOST_DEVICE static constexpr int lookup_lane(int lane, int k) {
     return kAlongDims ? lane / kLanesPerRun + k * kWarpKeys : lane;
