@@ -43,7 +43,8 @@ inline int64_t busy_row_tiles(int64_t num_tokens, int64_t group, int64_t num_seq
 
 // KV splits per row tile: `requested` if > 0, else as many as the kernel's resident block slots (`slots`: SMs ×
 // blocks per SM) hold in one wave beside the busy blocks, down to one KV tile per split (the combine reads all
-// splits in one round, so a split of one tile costs less than the second tile it takes off the chain). One wave:
+// splits in one round, so from 3 tiles on, a split of one tile costs less than the tile it takes off the chain;
+// split_share keeps shorter row tiles in one split). One wave:
 // a partial second wave costs more than the split saves. The slots, not a fixed blocks-per-SM, because head_dim 64
 // fits twice the blocks of 128 and 256 (H200 sweep, 2026-12-03: the fastest forced count filled 2 blocks per SM at
 // head_dim 128/256 and 4 at 64, every batch 4-64). The count depends on the launch shape and max_seq_len only (host

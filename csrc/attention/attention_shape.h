@@ -24,20 +24,23 @@ constexpr int kPanelCols = 128;  // head dims per row panel of Q and K
 constexpr int kMaxSplits = 64;
 constexpr int kCheapMergeSplits = 32;
 constexpr int kMinTilesPastCheapMerge = 4;  // split_share: tiles per split where more than kCheapMergeSplits are used
+constexpr int kMinTilesToSplit = 3;  // split_share: a row tile with fewer KV tiles is not split
 
 // How a row tile's `tiles` KV tiles are shared among a launch's `splits` (paged_attention_kernel): split z takes tiles
 // z·tiles_per_split … up to the end; the first splits_with_tiles splits have some, the rest none. Past
 // kCheapMergeSplits splits, only as many as give each split kMinTilesPastCheapMerge tiles: the last split's merge grows
 // with the splits (H100, d256 batch 1, forced counts of one kernel: 4096 tokens 19.4 µs at 32 splits against 22.0 at
-// 64; 32768 81.4 at 64 against 107.5 at 32; 8192 within 5 % either way). Decided per row tile from its own tiles,
-// because a CUDA graph fixes the launch's split count for its longest context.
+// 64; 32768 81.4 at 64 against 107.5 at 32; 8192 within 5 % either way). Fewer than kMinTilesToSplit tiles stay in
+// one split: the merge costs more than the one tile a second split takes off the chain (H100, d256, 128 tokens = 2
+// tiles: batch 1 8.7 µs in one split against 9.6 in two, batch 16 9.2 against 11.9). Decided per row tile from its
+// own tiles, because a CUDA graph fixes the launch's split count for its longest context.
 struct SplitShare {
   int tiles_per_split;
   int splits_with_tiles;
 };
 VOLTA_FP4_HOST_DEVICE inline SplitShare split_share(int tiles, int splits) {
   const int past_cheap = tiles / kMinTilesPastCheapMerge;
-  const int wanted = past_cheap > kCheapMergeSplits ? past_cheap : kCheapMergeSplits;
+  const int wanted = tiles < kMinTilesToSplit ? 1 : past_cheap > kCheapMergeSplits ? past_cheap : kCheapMergeSplits;
   const int used = splits < wanted ? splits : wanted;
   const int tiles_per_split = (tiles + used - 1) / used;
   return {tiles_per_split, tiles_per_split > 0 ? (tiles + tiles_per_split - 1) / tiles_per_split : 0};

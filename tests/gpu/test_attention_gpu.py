@@ -26,12 +26,13 @@ REL_TOL = 2e-3
 MAX_ABS_TOL = 1e-2
 
 # (context_len, query_len) per sequence. Odd lengths everywhere; contexts past one 64-key tile and past a
-# split; prefill rows past one 64-row tile. Decode: 4099 tokens (65 tiles) takes 32 splits of a forced 64
-# (split_share), 20011 (313 tiles) all 64 with 5 tiles each, so the merge reads past 32 splits.
+# split; prefill rows past one 64-row tile. Decode: 101 tokens (2 tiles) stays in one split of any forced count,
+# 4099 (65 tiles) takes 32 splits of a forced 64 (split_share), 20011 (313 tiles) all 64 with 5 tiles each, so the
+# merge reads past 32 splits.
 BATCHES = {
     "prefill-one": [(0, 1)],
     "prefill-odd": [(0, 77), (0, 130), (0, 3)],
-    "decode": [(0, 1), (16, 1), (63, 1), (300, 1), (1029, 1), (4099, 1), (20011, 1)],
+    "decode": [(0, 1), (16, 1), (63, 1), (100, 1), (300, 1), (1029, 1), (4099, 1), (20011, 1)],
     "chunked-prefill": [(96, 61), (1000, 257)],
     "prefix-hit": [(64, 33), (128, 1), (512, 200)],
     "mixed": [(0, 1), (513, 1), (37, 90), (0, 257), (2000, 1), (250, 17)],

@@ -87,20 +87,22 @@ def test_busy_tiles_within_the_grid_and_splits_within_one_wave(tmp_path):
 def test_split_share_covers_every_tile_once_and_merges_few_splits(tmp_path):
     """split_share, the kernel's division of a row tile's KV tiles among a launch's splits (paged_attention_kernel
     calls it; its PTX is the inline arithmetic's): for every tile count up to 32768 tokens' and every split count, the
-    shares of the splits cover each tile exactly once, splits_with_tiles counts the splits that get any, and more than
-    kCheapMergeSplits of them only where each gets at least kMinTilesPastCheapMerge tiles (fewer splits to merge,
-    which a CUDA graph's split count for its longest context would otherwise force on short contexts)."""
+    shares of the splits cover each tile exactly once, splits_with_tiles counts the splits that get any, fewer than
+    kMinTilesToSplit tiles stay in one split, and more than kCheapMergeSplits splits get tiles only where each gets at
+    least kMinTilesPastCheapMerge (fewer splits to merge, which a CUDA graph's split count for its longest context
+    would otherwise force on short contexts)."""
     max_tiles = 32768 // 64 + 3
     body = [f"  for (int tiles = 0; tiles <= {max_tiles}; ++tiles)",
             "    for (int splits = 1; splits <= kMaxSplits; ++splits) {",
             "      const SplitShare share = split_share(tiles, splits);",
             '      std::printf("%d %d %d %d\\n", tiles, splits, share.tiles_per_split, share.splits_with_tiles);',
             "    }",
-            '  std::printf("%d %d %d\\n", kMaxSplits, kCheapMergeSplits, kMinTilesPastCheapMerge);']
+            '  std::printf("%d %d %d %d\\n", kMaxSplits, kCheapMergeSplits, kMinTilesPastCheapMerge,',
+            "              kMinTilesToSplit);"]
     lines = run_host_program(tmp_path, ["attention/attention_shape.h"], body,
                              preamble="using namespace volta_fp4::attention;").splitlines()
-    max_splits, cheap, min_tiles = map(int, lines[-1].split())
-    assert min_tiles == 4  # the rule the sweeps measured (split_share's comment)
+    max_splits, cheap, min_tiles, min_to_split = map(int, lines[-1].split())
+    assert (min_tiles, min_to_split) == (4, 3)  # the rules the sweeps measured (split_share's comment)
     rows = [tuple(map(int, line.split())) for line in lines[:-1]]
     assert len(rows) == (max_tiles + 1) * max_splits
     for tiles, splits, per_split, with_tiles in rows:
@@ -113,7 +115,9 @@ def test_split_share_covers_every_tile_once_and_merges_few_splits(tmp_path):
         assert covered == list(range(tiles)), case
         assert with_tiles == nonempty <= splits, case
         assert with_tiles <= cheap or per_split >= min_tiles, case
-        if splits <= cheap:  # up to kCheapMergeSplits, the tiles are spread over all splits as they were before
+        if tiles < min_to_split:  # too few tiles to pay for a merge: one split takes them all
+            assert with_tiles == min(tiles, 1), case
+        elif splits <= cheap:  # up to kCheapMergeSplits, the tiles are spread over all splits
             assert per_split == -(-tiles // splits), case
 
 
