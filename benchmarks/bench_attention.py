@@ -189,8 +189,8 @@ def decode_sweep(args, repeats: int) -> str:
              f"{BLOCK_SIZE}-token blocks in random order. GPU µs per call (median of {repeats}, launch hidden). "
              "eager: the kernel's split count for max_seq_len = the context; graph: for max_seq_len = "
              f"{max(SWEEP_CONTEXTS)} (what a FULL CUDA graph passes); best: the fastest forced split count (the "
-             "kernel uses fewer splits than forced where they would get no KV tile or, past 32 splits, fewer than 4, "
-             "so short contexts repeat a time). "
+             "kernel uses one split below 3 KV tiles, and fewer than forced where they would get no tile or, past "
+             "32 splits, fewer than 4, so short contexts repeat a time). "
              f"HBM: the KV bytes' rate against a device copy in the same run ({bandwidth / 1e12:.2f} TB/s).", "",
              floor, "",
              "| shape | batch | context | eager µs | graph µs | best µs (splits) | eager HBM | graph HBM | best HBM |",
@@ -210,7 +210,7 @@ def short_decode(args, repeats: int) -> str:
     lines = [f"# Short decode calls by split count — {torch.cuda.get_device_name()}", "",
              f"{datetime.date.today()}, commit {args.commit}, {name}, SM80 atom, fp16, {BLOCK_SIZE}-token blocks in "
              f"random order. GPU µs per call (median of {repeats}, launch hidden); the kernel uses no more splits "
-             "than KV tiles.", "",
+             "than KV tiles, and one below 3 tiles.", "",
              "| batch | context | " + " | ".join(f"{s} split{'s' * (s > 1)}" for s in SHORT_SPLITS) +
              " | kernel's count |",
              "|---:|---:|" + "---:|" * (len(SHORT_SPLITS) + 1)]
