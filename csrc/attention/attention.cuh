@@ -23,11 +23,11 @@
 // or before it, and a block past its sequence's rows exits. Split z walks its share of the KV tiles the rows can see:
 // that share is computed here from the block's own key range (split_share: ⌈tiles / splits⌉, one split below 3
 // tiles, past 32 splits only with ≥ 4 tiles each), so the host fixes only the split count, and a launch captured in a
-// CUDA graph stays correct for any sequence lengths it is replayed with. With one split the block writes fp16 output; with several it writes O/l and
-// log2-sum-exp in fp32 (decode and small batches with long contexts, where row tiles alone cannot fill the GPU), merged
-// by the row tile's last split to finish in decode blocks (merge_splits) and by combine_splits_kernel after prefill
-// blocks. Tokens past query_start_loc[num_seqs] (vLLM's padding of a captured batch) belong to no sequence: nothing is
-// written for them.
+// CUDA graph stays correct for any sequence lengths it is replayed with. With one split the block writes fp16 output;
+// with several it writes O/l and log2-sum-exp in fp32 (decode and small batches with long contexts, where row tiles
+// alone cannot fill the GPU), merged by the row tile's last split to finish in decode blocks (merge_splits) and by
+// combine_splits_kernel after prefill blocks. Tokens past query_start_loc[num_seqs] (vLLM's padding of a captured
+// batch) belong to no sequence: nothing is written for them.
 //
 // ─── Block (4 warps, R = 64 or 16 rows, 64-key tiles) ───────────────────────────────────────────────────────
 // Per KV tile: keys → smem; S = Q·Kᵀ (fp32); mask; online softmax in fp32 in registers (row max and rescale, exp2
