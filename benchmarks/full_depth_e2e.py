@@ -194,7 +194,7 @@ HEADINGS = ("engine", "mode", "max-model-len", "batch", "generated", "TTFT (ms)"
             "decode tok/s/seq", "GPU µs/step", *(f"… {f} µs" for f in FAMILIES), "measured (UTC, commit)")
 
 
-def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> list[Path]:
+def render(rows: list[dict], meta: dict, out_dir: Path, stem: str, plot: bool = True) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# The seeds' benchmark at full depth: Qwen3.8-27B shape — {meta['gpu']}", "",
              f"- rendered: {meta['date']} UTC, commit {meta['commit']}, vLLM {meta['vllm']}, torch {meta['torch']}; "
@@ -214,10 +214,10 @@ def render(rows: list[dict], meta: dict, out_dir: Path, plot: bool = True) -> li
             row = {**row, "measured": f"{row['measured_at']}, {row['commit']}"}
         lines.append("| " + " | ".join(f"{row.get(c, 0):.1f}" if isinstance(row.get(c), float) else str(row.get(c, ""))
                                        for c in COLUMNS) + " |")
-    written = [out_dir / "full-depth-27b-h200.md"]
+    written = [out_dir / f"{stem}.md"]
     written[0].write_text("\n".join(lines) + "\n")
     if plot and rows:
-        written.append(out_dir / "full-depth-27b-h200.png")
+        written.append(out_dir / f"{stem}.png")
         commits = dict.fromkeys(row["commit"] for row in rows if "commit" in row)
         write_plot(rows, written[-1], f"Qwen3.8-27B shape, {meta['gpu']}, vLLM {meta['vllm']}; rows measured at "
                                       f"{', '.join(commits) or meta['commit']}")
@@ -289,7 +289,7 @@ def bench(args) -> int:
                       flush=True)
                 rows += [{**row, **measured} for row in offload_model_rows(fp16, bandwidth, args.workdir, one_length)]
         store.write_text(json.dumps(rows, indent=1))
-        for path in render(rows, meta, args.out_dir, plot=not args.no_plot):
+        for path in render(rows, meta, args.out_dir, args.stem, plot=not args.no_plot):
             print(f"wrote {path}", flush=True)
     return status
 
@@ -317,6 +317,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--preload", action="append", default=[], help="Python files run before any engine")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--stem", default="full-depth-27b-h200",
+                        help="file name of the table and plot, one per GPU model (rows of one GPU only)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "checkpoint":

@@ -30,9 +30,10 @@
 # in the first profile run on a cold machine; the three batches and their profiled steps 165 s: ~77 ms per eager
 # step at batch 1), then PAIRS="fp16:eager:4096" on the same warm machine 160 s.
 # Every stage appends its rows to /tmp/full-depth/results.json (replacing rows of the same engine, mode and
-# length) and re-renders $OUT/full-depth-27b-h200.md and .png from all rows so far. A machine without that file
-# starts from the committed rows (benchmarks/results/full-depth-27b-h200.json), so copy the three files that come
-# back to benchmarks/results/ after every stage (full-depth-results.json → full-depth-27b-h200.json).
+# length) and re-renders $OUT/$STEM.md and .png from all rows so far, STEM = full-depth-27b-h100 or -h200 by the
+# GPU's model (one table per GPU: rows of different GPUs are not compared). A machine without that file starts from
+# the committed rows (benchmarks/results/$STEM.json), so copy the three files that come back to benchmarks/results/
+# after every stage (full-depth-results.json → $STEM.json).
 set -uo pipefail
 STAGE=${STAGE:-1}
 WORK=${WORK:-/tmp/full-depth}
@@ -65,8 +66,9 @@ export PYTHONPATH=/tmp/site-${KIT#.gpu-kit-}:$PYTHONPATH VLLM_HOST_IP=127.0.0.1 
 df -h /tmp | tail -1
 
 mkdir -p "$WORK"
-[[ -f "$WORK/results.json" || ! -f benchmarks/results/full-depth-27b-h200.json ]] ||
-  cp benchmarks/results/full-depth-27b-h200.json "$WORK/results.json"
+gpu_model=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
+STEM=${STEM:-full-depth-27b-${gpu_model:-gpu}}
+[[ -f "$WORK/results.json" || ! -f benchmarks/results/$STEM.json ]] || cp "benchmarks/results/$STEM.json" "$WORK/results.json"
 step "checkpoints: $formats"
 timeout 300 python3 benchmarks/full_depth_e2e.py checkpoint --workdir "$WORK" --formats "$formats" \
   > "$OUT/checkpoint.log" 2>&1 || { tail -20 "$OUT/checkpoint.log"; exit 1; }
@@ -78,7 +80,7 @@ for pair in $PAIRS; do
   step "bench: $engine, $mode, max-model-len $lengths"
   timeout "${PAIR_TIMEOUT:-360}" python3 benchmarks/full_depth_e2e.py bench --workdir "$WORK" --out-dir "$OUT" \
     --engines "$engine" --modes "$mode" --max-model-lens "$lengths" --commit "${COMMIT:-uncommitted}" \
-    --preload scripts/gpu/uva_view_standin.py > "$OUT/bench-$engine-$mode-${lengths//,/-}.log" 2>&1 || status=1
+    --stem "$STEM" --preload scripts/gpu/uva_view_standin.py > "$OUT/bench-$engine-$mode-${lengths//,/-}.log" 2>&1 || status=1
   grep -E "^wrote|Error|error:|tok/s" "$OUT/bench-$engine-$mode-${lengths//,/-}.log" | tail -6
   cp "$WORK/results.json" "$OUT/full-depth-results.json" 2>/dev/null  # after every pair: a call cut short keeps them
 done
@@ -91,7 +93,7 @@ if (( STAGE == 6 )); then
   cat "$OUT/mtp-round-cost-64.md" 2> /dev/null || tail -20 "$OUT/mtp-round-cost-64.log"
 fi
 cp "$WORK/results.json" "$OUT/full-depth-results.json" 2>/dev/null
-[[ -f "$OUT/full-depth-27b-h200.md" ]] && cat "$OUT/full-depth-27b-h200.md"
+[[ -f "$OUT/$STEM.md" ]] && cat "$OUT/$STEM.md"
 step done
 # At most 8 files come back: the table, the plot, the rows, and the logs in one archive.
 rm -f "$OUT"/kit-install-*.log "$OUT/gpu.txt"

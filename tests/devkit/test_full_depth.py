@@ -39,7 +39,8 @@ def test_report_names_gpu_commit_and_version_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [{**_row("fp16, whole GPU", mode, batch, 20.0 * batch), "measured_at": "2026-11-30 10:00", "commit": commit}
             for mode, commit in (("default", "old0001"), ("eager", "new0002")) for batch in (1, 4)]
-    written = full_depth.render(rows, META, tmp_path)
+    written = full_depth.render(rows, META, tmp_path, "full-depth-test-gpu")
+    assert written[0].name == "full-depth-test-gpu.md"
     text = written[0].read_text()
     assert "TEST GPU" in text and "abc1234" in text and "vLLM 0.0" in text
     assert "max-model-len of the rows: 4096;" in text  # from the rows, not from the rendering call's protocol
@@ -86,13 +87,14 @@ def test_each_max_model_len_is_its_own_engine_and_a_failure_keeps_the_other_rows
     monkeypatch.setattr(full_depth, "run_engine", run_engine)
     args = SimpleNamespace(preload=[], input_len=512, output_len=256, batches=(1,), max_model_lens=(4096, 8192),
                            repeats=1, workdir=workdir, commit="abc1234", engines=["mixed"], modes=["default"],
-                           out_dir=workdir / "out", no_plot=True)
+                           out_dir=workdir / "out", stem="full-depth-test", no_plot=True)
     assert full_depth.bench(args) == 1
     name = full_depth.ENGINES["mixed"].name
     assert started == [(name, "default", 4096), (name, "default", 8192)]
     stored = json.loads((workdir / "results.json").read_text())
     assert [(row["engine"], row["max_model_len"]) for row in stored] == [(name, 4096)]
     assert stored[0]["commit"] == "abc1234" and stored[0]["measured_at"]  # each row says which call measured it
+    assert (workdir / "out" / "full-depth-test.md").exists()
 
 
 def test_the_full_depth_shape_takes_max_model_len_8192():
