@@ -48,8 +48,8 @@ SWEEP_MODELS = [("d256 GQA 6:1 (Qwen3.8-27B)", 24, 4, 256), ("d256 GQA 8:1", 32,
 SWEEP_BATCHES = [1, 4, 16, 64]
 SWEEP_CONTEXTS = [128, 512, 2048, 4096, 8192, 32768]
 SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64]
-# --short-decode: batches, contexts (1 key, a part of a tile, 1 tile, 1 tile + 1 key, 2 / 3 / 4 / 8 / 32 tiles), forced
-# splits
+# --short-decode: batches, contexts (1 key, a part of a tile, 1 tile, 1 tile + 1 key, 2 / 3 / 4 / 8 / 32 tiles),
+# forced splits
 SHORT_BATCHES = [1, 16]
 SHORT_CONTEXTS = [1, 16, 64, 65, 128, 192, 256, 512, 2048]
 SHORT_SPLITS = [1, 2, 4, 8]

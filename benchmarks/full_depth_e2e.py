@@ -317,8 +317,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--preload", action="append", default=[], help="Python files run before any engine")
     parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--stem", default="full-depth-27b-h200",
-                        help="file name of the table and plot, one per GPU model (rows of one GPU only)")
+    parser.add_argument("--stem", help="bench: file name of the table and plot, one per GPU model (rows of one GPU "
+                                       "only; scripts/gpu/run_full_depth_gpu.sh names it from the GPU)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "checkpoint":
@@ -331,6 +331,8 @@ def main() -> int:
     unknown = [key for key in args.engines if key not in ENGINES] + [m for m in args.modes if m not in MODES]
     if unknown:
         parser.error(f"unknown engine or mode: {unknown}")
+    if not args.stem:
+        parser.error("bench needs --stem (e.g. full-depth-27b-h100): rows of different GPUs go to different tables")
     return bench(args)
 
 

@@ -68,7 +68,8 @@ df -h /tmp | tail -1
 mkdir -p "$WORK"
 gpu_model=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
 STEM=${STEM:-full-depth-27b-${gpu_model:-gpu}}
-[[ -f "$WORK/results.json" || ! -f benchmarks/results/$STEM.json ]] || cp "benchmarks/results/$STEM.json" "$WORK/results.json"
+[[ -f "$WORK/results.json" || ! -f benchmarks/results/$STEM.json ]] ||
+  cp "benchmarks/results/$STEM.json" "$WORK/results.json"
 step "checkpoints: $formats"
 timeout 300 python3 benchmarks/full_depth_e2e.py checkpoint --workdir "$WORK" --formats "$formats" \
   > "$OUT/checkpoint.log" 2>&1 || { tail -20 "$OUT/checkpoint.log"; exit 1; }
@@ -80,7 +81,8 @@ for pair in $PAIRS; do
   step "bench: $engine, $mode, max-model-len $lengths"
   timeout "${PAIR_TIMEOUT:-360}" python3 benchmarks/full_depth_e2e.py bench --workdir "$WORK" --out-dir "$OUT" \
     --engines "$engine" --modes "$mode" --max-model-lens "$lengths" --commit "${COMMIT:-uncommitted}" \
-    --stem "$STEM" --preload scripts/gpu/uva_view_standin.py > "$OUT/bench-$engine-$mode-${lengths//,/-}.log" 2>&1 || status=1
+    --stem "$STEM" --preload scripts/gpu/uva_view_standin.py \
+    > "$OUT/bench-$engine-$mode-${lengths//,/-}.log" 2>&1 || status=1
   grep -E "^wrote|Error|error:|tok/s" "$OUT/bench-$engine-$mode-${lengths//,/-}.log" | tail -6
   cp "$WORK/results.json" "$OUT/full-depth-results.json" 2>/dev/null  # after every pair: a call cut short keeps them
 done
