@@ -383,8 +383,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   constexpr int kVectorsPerThread = KvMap::kVectors;
   constexpr int kStagedKeys = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
   constexpr int kStagedValues = kDecode ? kVectorsPerThread : kStagedKeys;
-  // Prefill blocks: 2 (4 puts head_dim 128 at sm_70's 255 registers, on the edge of spilling; not measured).
-  constexpr int kInFlight = kDecode ? 8 : 2;
+  // Loads in flight per group of unstaged vectors: each group is one round trip that nothing overlaps. Prefill blocks
+  // at head_dim 256 stage nothing, so their 16 vectors of K and of V per tile were 8 + 8 round trips at 2 per group;
+  // the group's registers are live only while the tile is stored, when S is not, so 8 fit beside O (sm_70: 233
+  // registers either way, no spills).
+  constexpr int kUnstaged = kVectorsPerThread - kStagedKeys, kPrefillInFlight = 8;
+  constexpr int kInFlight = kDecode ? 8 : kUnstaged >= kPrefillInFlight ? kPrefillInFlight : kUnstaged > 0 ? kUnstaged : 1;
   static_assert((kVectorsPerThread - kStagedKeys) % kInFlight == 0 &&
                     (kVectorsPerThread - kStagedValues) % kInFlight == 0,
                 "unstaged vectors come in groups of kInFlight");
