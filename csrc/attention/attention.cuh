@@ -43,9 +43,10 @@
 //   partial row sums add up at the end), and warp w accumulates O for head dims w·D/4 … (w+1)·D/4 − 1 over all 64 keys.
 //   O is a quarter of the prefill block's per lane, which leaves the registers to stage a tile's K and V per thread
 //   (at head_dim 256 all values, half the keys): the values load while S is computed, the next keys while P·V is.
-// Shared memory is laid out in rows of kSmemRowHalves (136) halves, the stride the atoms read: Q, K and V store head
-// dims ≥ 128 as a second panel of rows. K and V share one buffer (they are not live together), which keeps head_dim
-// 256 at 85 KB (prefill blocks; decode blocks 47 KB), inside Volta's 96 KB per block.
+// Shared memory is laid out in rows of a panel's head dims (at most 128) or a tile's 64 keys (P), each padded by 8
+// halves, the strides the atoms read (SmemPlan): Q, K and V store head dims ≥ 128 as a second panel of rows. K and V
+// share one buffer (they are not live together), which keeps head_dim 256 at 77 KB (prefill blocks; decode blocks
+// 45 KB), inside Volta's 96 KB per block.
 #pragma once
 
 #include "attention/attention_shape.h"
@@ -124,10 +125,11 @@ __device__ __forceinline__ int row_token(const PagedAttentionParams& p, int q_be
   return token;
 }
 
-// Offset (in halves) of head dim `col` of tile row `row` in a Q/K tile stored as panels of 128 dims.
-template <int Rows>
+// Offset (in halves) of head dim `col` of tile row `row` in a Q/K tile stored as panels of 128 dims, in rows of
+// RowHalves halves.
+template <int Rows, int RowHalves>
 __device__ __forceinline__ int panel_offset(int row, int col) {
-  return ((col / kPanelCols) * Rows + row) * kSmemRowHalves + col % kPanelCols;
+  return ((col / kPanelCols) * Rows + row) * RowHalves + col % kPanelCols;
 }
 
 // Where a thread's vectors of the current KV tile are in the cache: per key slot its row (halves from the cache's
@@ -274,8 +276,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   static_assert(!kDecode || (kWarpStrips >= 1 && kWarpKeyStrips == 1), "decode blocks: one key strip per warp");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem_raw);
-  uint16_t* kv_smem = q_smem + Plan::kQRows * kSmemRowHalves;
-  uint16_t* p_smem = kv_smem + Plan::kKvRows * kSmemRowHalves;
+  constexpr int kRowHalves = Plan::kRowHalves, kPRowHalves = Plan::kPRowHalves;
+  uint16_t* kv_smem = q_smem + Plan::kQRows * kRowHalves;
+  uint16_t* p_smem = kv_smem + Plan::kKvRows * kRowHalves;
   float* row_stats = reinterpret_cast<float*>(smem_raw + Plan::kHalvesBytes);  // decode: [warp][row]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -363,8 +366,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   float row_max[2] = {negative_infinity(), negative_infinity()};
   float row_sum[2] = {0.f, 0.f};  // this lane's share; summed over the row's lanes at the end
 
-  const uint16_t* q_warp = q_smem + warp_row0 * kSmemRowHalves;
-  uint16_t* p_warp = p_smem + warp_row0 * kSmemRowHalves;
+  const uint16_t* q_warp = q_smem + warp_row0 * kRowHalves;
+  uint16_t* p_warp = p_smem + warp_row0 * kPRowHalves;
   const int64_t head_offset = int64_t(kv_head) * p.cache_head_stride;
 
   // Volta has no asynchronous copy, so KV tiles are staged through registers: the first kStagedValues of a thread's
@@ -387,8 +390,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   // at head_dim 256 stage nothing, so their 16 vectors of K and of V per tile were 8 + 8 round trips at 2 per group;
   // the group's registers are live only while the tile is stored, when S is not, so 8 fit beside O (sm_70: 233
   // registers either way, no spills).
-  constexpr int kUnstaged = kVectorsPerThread - kStagedKeys, kPrefillInFlight = 8;
-  constexpr int kInFlight = kDecode ? 8 : kUnstaged >= kPrefillInFlight ? kPrefillInFlight : kUnstaged > 0 ? kUnstaged : 1;
+  constexpr int kUnstaged = kVectorsPerThread - kStagedKeys;
+  constexpr int kInFlight = kDecode ? 8 : kUnstaged >= 8 ? 8 : kUnstaged > 0 ? kUnstaged : 1;
   static_assert((kVectorsPerThread - kStagedKeys) % kInFlight == 0 &&
                     (kVectorsPerThread - kStagedValues) % kInFlight == 0,
                 "unstaged vectors come in groups of kInFlight");
@@ -405,7 +408,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 #pragma unroll
       for (int i = 0; i < kQInFlight; ++i) {
         const int v = tid + (v0 + i) * kThreadsPerBlock;
-        *reinterpret_cast<uint4*>(q_smem + panel_offset<BlockRows>(v / kChunks, (v % kChunks) * 8)) = loaded[i];
+        *reinterpret_cast<uint4*>(q_smem + panel_offset<BlockRows, kRowHalves>(v / kChunks, (v % kChunks) * 8)) = loaded[i];
       }
     }
     kv_source.set_rows(p, tile_first * kTileKeys, key_begin, seq_len, head_offset);
@@ -414,9 +417,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   }
   // Shared memory: keys and values alike as rows of the tile (P·V reads values as a k-major B: load_b_k_major),
   // stored 16 bytes at a time; along dims, a quarter warp's 8 stores are 128 contiguous bytes of one key's row.
-  uint16_t* const kv_smem_thread = kv_smem + panel_offset<kTileKeys>(KvMap::key(tid), KvMap::dim0(tid));
+  uint16_t* const kv_smem_thread = kv_smem + panel_offset<kTileKeys, kRowHalves>(KvMap::key(tid), KvMap::dim0(tid));
   auto store_vector = [&](int j, const uint4& value) {
-    const int offset = panel_offset<kTileKeys>(KvMap::key_offset(j), KvMap::dim_offset(j));
+    const int offset = panel_offset<kTileKeys, kRowHalves>(KvMap::key_offset(j), KvMap::dim_offset(j));
     *reinterpret_cast<uint4*>(kv_smem_thread + offset) = value;
   };
   // A tile's vectors (keys or values) → smem. The first kInFlight past the staged ones are requested before the
@@ -466,9 +469,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
 #pragma unroll
         for (int n = 0; n < kWarpKeyStrips; ++n) {
           typename Mma::template Frags<kWarpRows> f;
-          Mma::template load<kWarpRows>(f, q_warp + panel * BlockRows * kSmemRowHalves,
-                                        kv_smem + (panel * kTileKeys + (key_strip0 + n) * 16) * kSmemRowHalves,
-                                        k % kPanelCols, lane);
+          Mma::template load<kWarpRows, kRowHalves>(f, q_warp + panel * BlockRows * kRowHalves,
+                                                    kv_smem + (panel * kTileKeys + (key_strip0 + n) * 16) * kRowHalves,
+                                                    k % kPanelCols, lane);
           Mma::template mma<kWarpRows>(s[n], f);
         }
       }
@@ -513,7 +516,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
           const int slot = row_slot(i);
           const float p0 = exp2f(s[n][i] - reference[slot]), p1 = exp2f(s[n][i + 1] - reference[slot]);
           row_sum[slot] += p0 + p1;
-          *reinterpret_cast<uint32_t*>(p_warp + row * kSmemRowHalves + (key_strip0 + n) * 16 + col) =
+          *reinterpret_cast<uint32_t*>(p_warp + row * kPRowHalves + (key_strip0 + n) * 16 + col) =
               float2_to_half2_rn(p0, p1);
         }
     }
@@ -534,8 +537,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
         for (int n = 0; n < kWarpStrips; ++n) {
           typename Mma::template Frags<kWarpRows> f;
           const int dim0 = (dim_strip0 + n) * 16;  // V as stored: key rows, the strip's 16 dims in panel dim0 / 128
-          Mma::template load_a<kWarpRows>(f, p_warp, k, lane);
-          Mma::template load_b_k_major<kWarpRows>(f, kv_smem + panel_offset<kTileKeys>(0, dim0), k, lane);
+          Mma::template load_a<kWarpRows, kPRowHalves>(f, p_warp, k, lane);
+          Mma::template load_b_k_major<kWarpRows, kRowHalves>(f, kv_smem + panel_offset<kTileKeys, kRowHalves>(0, dim0),
+                                                              k, lane);
           Mma::template mma<kWarpRows, true>(o[n], f);
         }
     }
@@ -583,7 +587,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
     }
   if constexpr (kDecode) {
     if (!writes_output && arrived_last(p.split_counters + blockIdx.x * gridDim.y + kv_head, splits_with_tiles)) {
-      static_assert(Plan::kKvRows * kSmemRowHalves * 2 >= (BlockRows * kMaxSplits + BlockRows) * 4,
+      static_assert(Plan::kKvRows * kRowHalves * 2 >= (BlockRows * kMaxSplits + BlockRows) * 4,
                     "the merge's weights fit in the K/V buffer");
       merge_splits<HeadDim, BlockRows>(p, reinterpret_cast<float*>(kv_smem), q_begin, kv_head, row0, rows,
                                        splits_with_tiles);

@@ -86,17 +86,22 @@ struct KvThreadMap {
   VOLTA_FP4_HOST_DEVICE static constexpr int dim_offset(int j) { return j % kDimVectors * kDimStep; }
 };
 
-// Shared-memory plan of paged_attention_kernel<·, HeadDim, BlockRows>, in rows of kSmemRowHalves halves, plus (decode
-// blocks) the fp32 row statistics the warps exchange: [kWarps][kWarpRows] each.
+// Shared-memory plan of paged_attention_kernel<·, HeadDim, BlockRows>: Q, K and V in rows of kRowHalves halves (a
+// panel of up to 128 head dims and 8 of padding, which starts consecutive rows 4 banks apart), P in rows of
+// kPRowHalves (a tile's 64 keys and 8), plus (decode blocks) the fp32 row statistics the warps exchange:
+// [kWarps][kWarpRows] each. Rows only as wide as their data: a V100 SM (96 KB) holds two prefill blocks at head_dim
+// 64 and 128 instead of one (52 KB each with every row 136 halves wide).
 template <int HeadDim, int BlockRows>
 struct SmemPlan {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head_dim must be 64, 128 or 256");
   static_assert(BlockRows == kPrefillRows || BlockRows == kDecodeRows, "block rows must be 64 or 16");
   static constexpr int kPanels = (HeadDim + kPanelCols - 1) / kPanelCols;
+  static constexpr int kRowHalves = (HeadDim < kPanelCols ? HeadDim : kPanelCols) + 8;
+  static constexpr int kPRowHalves = kTileKeys + 8;
   static constexpr int kQRows = kPanels * BlockRows;
   static constexpr int kKvRows = kPanels * kTileKeys;  // keys, then values: rows of the tile, like Q
   static constexpr int kPRows = BlockRows;
-  static constexpr int kHalvesBytes = (kQRows + kKvRows + kPRows) * kSmemRowHalves * 2;
+  static constexpr int kHalvesBytes = ((kQRows + kKvRows) * kRowHalves + kPRows * kPRowHalves) * 2;
   static constexpr int kStatFloats = BlockRows == kDecodeRows ? kWarps * kWarpRows : 0;
   static constexpr int kBytes = kHalvesBytes + kStatFloats * 4;
   static_assert(kBytes <= kVoltaMaxSmemPerBlock, "Volta allows 96 KB of shared memory per block");
