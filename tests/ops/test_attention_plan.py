@@ -213,3 +213,28 @@ def test_prefill_launch_requests_its_plan(tmp_path, head_size):
     plan, request = _evaluate(tmp_path, [f"attention_smem_bytes({head_size}, kPrefillRows)",
                                          f"attention_launch_smem_bytes({head_size}, kPrefillRows, 233472, 1024)"])
     assert request == plan
+
+
+@pytest.mark.parametrize("block_rows", ["kPrefillRows", "kDecodeRows"])
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+def test_smem_rows_fit_their_data_and_read_without_bank_conflicts(tmp_path, head_size, block_rows):
+    """Q/K/V rows hold a panel's head dims and P rows a tile's keys, each + 8 halves: 16-byte aligned, and RowHalves / 2
+    ≡ 4 (mod 8) words, which starts the 8 rows of an atom's read 4 banks apart (mma_atoms.cuh); a row 136 halves wide
+    at head_dim 64 would make a V100 hold one prefill block less."""
+    plan = f"SmemPlan<{head_size}, {block_rows}>"
+    row, p_row, total = _evaluate(tmp_path, [f"{plan}::kRowHalves", f"{plan}::kPRowHalves", f"{plan}::kBytes"])
+    assert row == min(head_size, 128) + 8 and p_row == 64 + 8
+    for halves in (row, p_row):
+        assert halves % 8 == 0 and halves // 2 % 8 == 4
+    panels = -(-head_size // 128)
+    rows = 64 if block_rows == "kPrefillRows" else 16
+    stats = 0 if rows == 64 else 4 * 16 * 4
+    assert total == ((panels * rows + panels * 64) * row + rows * p_row) * 2 + stats
+
+
+@pytest.mark.parametrize("head_size,blocks", [(64, 3), (128, 2), (256, 1)])
+def test_prefill_blocks_per_v100_sm_by_shared_memory(tmp_path, head_size, blocks):
+    """What the narrow rows buy a V100 (96 KB per SM, no reservation): 3 / 2 / 1 prefill blocks at head_dim 64 / 128 /
+    256 by shared memory (1 / 1 / 1 with every row 136 halves wide)."""
+    (plan,) = _evaluate(tmp_path, [f"attention_launch_smem_bytes({head_size}, kPrefillRows, 98304, 0)"])
+    assert 98304 // (-(-plan // 128) * 128) == blocks
