@@ -386,12 +386,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) paged_attention_kernel(const
   constexpr int kVectorsPerThread = KvMap::kVectors;
   constexpr int kStagedKeys = kDecode ? (HeadDim == 256 ? 8 : kVectorsPerThread) : HeadDim == 256 ? 0 : 4;
   constexpr int kStagedValues = kDecode ? kVectorsPerThread : kStagedKeys;
-  // Loads in flight per group of unstaged vectors: each group is one round trip that nothing overlaps. Prefill blocks
-  // at head_dim 256 stage nothing, so their 16 vectors of K and of V per tile were 8 + 8 round trips at 2 per group
-  // (H100, S = 4096: 2.34 → 2.11 ms at 8; 16 measured no better). A group's registers are live only while the tile is
-  // stored, when S is not, so 8 fit beside O (sm_70: 233 registers at 2 and at 8, no spills).
+  // Loads in flight per group of unstaged vectors, up to 8, for both block kinds: each group is one round trip that
+  // nothing overlaps. Prefill blocks at head_dim 256 stage nothing, so their 16 vectors of K and of V per tile were 8
+  // + 8 round trips at 2 per group (H100, S = 4096: 2.34 → 2.11 ms at 8; 16 measured no better). A group's registers
+  // are live only while the tile is stored, when S is not, so 8 fit beside O (sm_70: 233 registers at 2 and at 8).
   constexpr int kUnstaged = kVectorsPerThread - kStagedKeys;
-  constexpr int kInFlight = kDecode ? 8 : kUnstaged >= 8 ? 8 : kUnstaged > 0 ? kUnstaged : 1;
+  constexpr int kInFlight = kUnstaged < 1 ? 1 : kUnstaged < 8 ? kUnstaged : 8;
   static_assert(kUnstaged % kInFlight == 0 &&
                     (kVectorsPerThread - kStagedValues) % kInFlight == 0,
                 "unstaged vectors come in groups of kInFlight");

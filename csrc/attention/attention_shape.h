@@ -89,8 +89,8 @@ struct KvThreadMap {
 // Shared-memory plan of paged_attention_kernel<·, HeadDim, BlockRows>: Q, K and V in rows of kRowHalves halves (a
 // panel of up to 128 head dims and 8 of padding, which starts consecutive rows 4 banks apart), P in rows of
 // kPRowHalves (a tile's 64 keys and 8), plus (decode blocks) the fp32 row statistics the warps exchange:
-// [kWarps][kWarpRows] each. Rows only as wide as their data: a V100 SM (96 KB) holds two prefill blocks at head_dim
-// 64 and 128 instead of one (52 KB each with every row 136 halves wide).
+// [kWarps][kWarpRows] each. Rows only as wide as their data: a V100 SM (96 KB) holds three prefill blocks at head_dim
+// 64 and two at 128 instead of one (52 KB each with every row 136 halves wide).
 template <int HeadDim, int BlockRows>
 struct SmemPlan {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head_dim must be 64, 128 or 256");
