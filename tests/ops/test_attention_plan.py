@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit import v100
 from tests.host_program import requires_host_compiler, run_host_program
 
 H200_SMS = 132
@@ -236,5 +237,5 @@ def test_smem_rows_fit_their_data_and_read_without_bank_conflicts(tmp_path, head
 def test_prefill_blocks_per_v100_sm_by_shared_memory(tmp_path, head_size, blocks):
     """What the narrow rows buy a V100 (96 KB per SM, no reservation): 3 / 2 / 1 prefill blocks at head_dim 64 / 128 /
     256 by shared memory (1 / 1 / 1 with every row 136 halves wide)."""
-    (plan,) = _evaluate(tmp_path, [f"attention_launch_smem_bytes({head_size}, kPrefillRows, 98304, 0)"])
-    assert 98304 // (-(-plan // 128) * 128) == blocks
+    (plan,) = _evaluate(tmp_path, [f"attention_launch_smem_bytes({head_size}, kPrefillRows, {v100.SMEM_PER_SM}, 0)"])
+    assert v100.occupancy(1, 128, plan) == (blocks, "shared memory")
